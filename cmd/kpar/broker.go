@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/kpar/kpar/internal/embedded"
+)
+
+// cmdBroker runs a single Kafka-compatible broker (franz-go's kfake) on a
+// loopback address until ctx is cancelled. It prints one line to stdout,
+// "kpar broker listening on ADDR", once the broker accepts connections, so a
+// script or test can wait for that line and read the real address from it.
+func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("broker", `
+
+Runs a Kafka-compatible development broker (franz-go's kfake) on a loopback
+address until SIGINT or SIGTERM. Topics are created on first use. Without
+--data-dir everything is kept in memory and lost on exit. With --data-dir,
+topics, records and committed group offsets survive a restart, also after a
+kill -9 (not a power loss: nothing is fsynced per write).`, stderr)
+	listen := fs.String("listen", "127.0.0.1:9092", "loopback `host:port` to listen on; port 0 picks a free port")
+	partitions := fs.Int("partitions", 8, "partitions of each auto-created topic")
+	dataDir := fs.String("data-dir", "", "keep topics, records and group offsets in `DIR` across restarts (default in memory)")
+	if code, ok := fs.parse(args); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return fs.usageError("unexpected argument %q", fs.Arg(0))
+	}
+	addr, err := embedded.ListenAddr(*listen)
+	if err != nil {
+		return fs.usageError("invalid --listen: %v", err)
+	}
+	if *partitions < 1 {
+		return fs.usageError("invalid --partitions %d: must be at least 1", *partitions)
+	}
+
+	c, err := embedded.Start(embedded.Config{
+		Addr:       addr,
+		Partitions: *partitions,
+		DataDir:    *dataDir,
+		Opts:       []kfake.Opt{kfake.WithLogger(kfake.BasicLogger(stderr, kfake.LogLevelWarn))},
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "kpar broker: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "kpar broker listening on %s\n", c.Addr())
+
+	<-ctx.Done()
+	// With --data-dir, Close saves what kfake only writes at shutdown
+	// (partition snapshots, group members) and closes the files.
+	c.Close()
+	return 0
+}

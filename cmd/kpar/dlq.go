@@ -1,0 +1,551 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/deadletter"
+)
+
+// dlqConnectTimeout bounds how long the dlq commands wait for Kafka brokers
+// to answer before giving up.
+const dlqConnectTimeout = 30 * time.Second
+
+const dlqSourceHelp = "`URL` of the dead letters: kafka://HOST:PORT[,...]/TOPIC[,...], file://PATH, or postgres://... / postgresql://... (add kpar_table=NAME for a table other than kpar_dead_letters) (required)"
+
+// cmdDLQ lists, analyses and replays dead letters from any of the
+// deadletter package's sources.
+func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	sub := ""
+	if len(args) > 0 {
+		sub = args[0]
+	}
+	switch sub {
+	case "stats":
+		return dlqStats(ctx, args[1:], stdout, stderr)
+	case "list":
+		return dlqList(ctx, args[1:], stdout, stderr)
+	case "replay":
+		return dlqReplay(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "-help", "help":
+		dlqUsage(stdout)
+		return 0
+	case "":
+		dlqUsage(stderr)
+		return 2
+	}
+	fmt.Fprintf(stderr, "kpar dlq: unknown subcommand %q; want stats, list or replay\n", sub)
+	return 2
+}
+
+func dlqUsage(w io.Writer) {
+	fmt.Fprint(w, `usage: kpar dlq SUBCOMMAND --source URL [flags]
+
+subcommands:
+  stats    count dead letters by error class, by error message, by original partition
+  list     print dead letters, oldest first within each partition
+  replay   send dead letters back to Kafka, at most once per run id
+
+Sources: kafka://HOST:PORT[,...]/TOPIC[,...] (kpar, Spring Kafka, Kafka Connect
+and Kafka Streams dead-letter topics), file://PATH (kpar's JSON Lines files),
+postgres://... or postgresql://... (kpar's table; kpar_table=NAME picks another).
+Run 'kpar dlq SUBCOMMAND --help' for its flags. Every flag also reads KPAR_<FLAG>.
+`)
+}
+
+// dlqCommon holds the flags every dlq subcommand takes.
+type dlqCommon struct {
+	fs     *flagSet
+	source *string
+	class  *string
+	sec    *securityOpts
+}
+
+func newDLQFlags(name, synopsis string, stderr io.Writer) *dlqCommon {
+	fs := newFlagSet("dlq "+name, synopsis, stderr)
+	return &dlqCommon{
+		fs:     fs,
+		source: fs.String("source", "", dlqSourceHelp),
+		class:  fs.String("error-class", "", "only dead letters of `CLASS`: permanent, exhausted, timeout, panic or unknown"),
+		sec:    securityFlags(fs),
+	}
+}
+
+// check validates the common flags after parsing; it returns the exit code
+// and false on bad usage.
+func (c *dlqCommon) check() (int, bool) {
+	if c.fs.NArg() > 0 {
+		return c.fs.usageError("unexpected argument %q", c.fs.Arg(0)), false
+	}
+	if strings.TrimSpace(*c.source) == "" {
+		return c.fs.usageError("missing --source (or %s)", envName("source")), false
+	}
+	if *c.class != "" && !deadletter.Class(*c.class).Valid() {
+		return c.fs.usageError("invalid --error-class %q: want permanent, exhausted, timeout, panic or unknown", *c.class), false
+	}
+	if _, err := c.sec.kgoOpts(); err != nil {
+		return c.fs.usageError("%v", err), false
+	}
+	scheme, _, _ := strings.Cut(*c.source, "://")
+	switch scheme {
+	case "kafka", "file", "postgres", "postgresql":
+	default:
+		return c.fs.usageError("invalid --source %q: want kafka://, file://, postgres:// or postgresql://", *c.source), false
+	}
+	return 0, true
+}
+
+// open opens the --source, with the security flags for Kafka.
+func (c *dlqCommon) open(ctx context.Context) (deadletter.Source, error) {
+	if !strings.HasPrefix(*c.source, "kafka://") {
+		return deadletter.OpenSource(ctx, *c.source)
+	}
+	brokers, topics, err := deadletter.ParseKafkaURL(*c.source)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := c.sec.kgoOpts()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.sec.checkBrokers(ctx, brokers, dlqConnectTimeout); err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, dlqConnectTimeout)
+	defer cancel()
+	return deadletter.OpenKafkaSource(cctx, brokers, topics, opts...)
+}
+
+// keep reports whether l passes the --error-class filter.
+func (c *dlqCommon) keep(l deadletter.DeadLetter) bool {
+	return *c.class == "" || string(l.Class) == *c.class
+}
+
+func dlqFail(stderr io.Writer, name string, err error) int {
+	fmt.Fprintf(stderr, "kpar dlq %s: %v\n", name, err)
+	return 1
+}
+
+// ---- stats ----
+
+type dlqCount struct {
+	Message   string `json:"message,omitempty"`
+	Topic     string `json:"topic,omitempty"`
+	Partition *int32 `json:"partition,omitempty"`
+	Count     int    `json:"count"`
+}
+
+type dlqStatsReport struct {
+	Total              int            `json:"total"`
+	OldestLastFailure  *time.Time     `json:"oldest_last_failure"`
+	NewestLastFailure  *time.Time     `json:"newest_last_failure"`
+	UnknownLastFailure int            `json:"unknown_last_failure"`
+	ByClass            map[string]int `json:"by_class"`
+	ByMessage          []dlqCount     `json:"by_message"`
+	ByPartition        []dlqCount     `json:"by_partition"`
+}
+
+func dlqStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newDLQFlags("stats", ` --source URL [--error-class C] [--json]
+
+Reads every dead letter of the source once and prints: the total; the oldest
+and newest last failure; counts by error class; by error message, normalised
+(first line only, UUIDs, hex strings and numbers replaced by <uuid>, <hex>
+and <n>, blanks collapsed), most frequent first; and by original
+topic/partition. --json prints the same as one JSON object.`, stderr)
+	asJSON := c.fs.Bool("json", false, "print one JSON object instead of text")
+	if code, ok := c.fs.parse(args); !ok {
+		return code
+	}
+	if code, ok := c.check(); !ok {
+		return code
+	}
+	src, err := c.open(ctx)
+	if err != nil {
+		return dlqFail(stderr, "stats", err)
+	}
+
+	rep := dlqStatsReport{ByClass: map[string]int{}}
+	byMsg := map[string]int{}
+	type tp struct {
+		topic string
+		p     int32
+	}
+	byTP := map[tp]int{}
+	err = src.Read(ctx, func(l deadletter.DeadLetter) error {
+		if !c.keep(l) {
+			return nil
+		}
+		rep.Total++
+		rep.ByClass[string(l.Class)]++
+		byMsg[dlqNormalise(l.Message)]++
+		byTP[tp{l.Record.Topic, l.Record.Partition}]++
+		if t := l.LastFailure; t.IsZero() {
+			rep.UnknownLastFailure++
+		} else {
+			if rep.OldestLastFailure == nil || t.Before(*rep.OldestLastFailure) {
+				rep.OldestLastFailure = &t
+			}
+			if rep.NewestLastFailure == nil || t.After(*rep.NewestLastFailure) {
+				rep.NewestLastFailure = &t
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return dlqFail(stderr, "stats", err)
+	}
+	for m, n := range byMsg {
+		rep.ByMessage = append(rep.ByMessage, dlqCount{Message: m, Count: n})
+	}
+	sort.Slice(rep.ByMessage, func(i, j int) bool {
+		a, b := rep.ByMessage[i], rep.ByMessage[j]
+		return a.Count > b.Count || a.Count == b.Count && a.Message < b.Message
+	})
+	for k, n := range byTP {
+		p := k.p
+		rep.ByPartition = append(rep.ByPartition, dlqCount{Topic: k.topic, Partition: &p, Count: n})
+	}
+	sort.Slice(rep.ByPartition, func(i, j int) bool {
+		a, b := rep.ByPartition[i], rep.ByPartition[j]
+		return a.Topic < b.Topic || a.Topic == b.Topic && *a.Partition < *b.Partition
+	})
+	for _, t := range []*time.Time{rep.OldestLastFailure, rep.NewestLastFailure} {
+		if t != nil {
+			*t = t.UTC()
+		}
+	}
+
+	if *asJSON {
+		if rep.ByMessage == nil {
+			rep.ByMessage = []dlqCount{}
+		}
+		if rep.ByPartition == nil {
+			rep.ByPartition = []dlqCount{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return dlqFail(stderr, "stats", err)
+		}
+		return 0
+	}
+	fmt.Fprintf(stdout, "dead letters: %d\n", rep.Total)
+	fmt.Fprintf(stdout, "oldest last failure: %s\n", dlqTimePtr(rep.OldestLastFailure))
+	fmt.Fprintf(stdout, "newest last failure: %s\n", dlqTimePtr(rep.NewestLastFailure))
+	if rep.UnknownLastFailure > 0 {
+		fmt.Fprintf(stdout, "unknown last failure: %d\n", rep.UnknownLastFailure)
+	}
+	if rep.Total == 0 {
+		return 0
+	}
+	fmt.Fprintln(stdout, "\nby error class:")
+	classes := make([]string, 0, len(rep.ByClass))
+	for k := range rep.ByClass {
+		classes = append(classes, k)
+	}
+	sort.Slice(classes, func(i, j int) bool {
+		a, b := classes[i], classes[j]
+		return rep.ByClass[a] > rep.ByClass[b] || rep.ByClass[a] == rep.ByClass[b] && a < b
+	})
+	for _, k := range classes {
+		fmt.Fprintf(stdout, "  %7d  %s\n", rep.ByClass[k], k)
+	}
+	fmt.Fprintln(stdout, "\nby error message (normalised):")
+	for _, m := range rep.ByMessage {
+		fmt.Fprintf(stdout, "  %7d  %s\n", m.Count, m.Message)
+	}
+	fmt.Fprintln(stdout, "\nby original topic/partition:")
+	for _, p := range rep.ByPartition {
+		fmt.Fprintf(stdout, "  %7d  %s/%d\n", p.Count, p.Topic, *p.Partition)
+	}
+	return 0
+}
+
+func dlqTimePtr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return dlqTime(*t)
+}
+
+func dlqTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
+var (
+	dlqUUIDRE   = regexp.MustCompile(`\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b`)
+	dlqHex0xRE  = regexp.MustCompile(`\b0[xX][0-9a-fA-F]+\b`)
+	dlqHexRunRE = regexp.MustCompile(`\b[0-9a-fA-F]{8,}\b`)
+	dlqDigitsRE = regexp.MustCompile(`[0-9]+`)
+	dlqBlanksRE = regexp.MustCompile(`\s+`)
+	dlqRunIDRE  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+)
+
+// dlqNormalise groups error messages that differ only in ids and
+// numbers: the first line, UUIDs as <uuid>, hex strings (0x..., or 8+ hex
+// digits mixing digits and letters) as <hex>, digit runs as <n>, blanks
+// collapsed, at most 200 characters.
+func dlqNormalise(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	s = dlqUUIDRE.ReplaceAllString(s, "<uuid>")
+	s = dlqHex0xRE.ReplaceAllString(s, "<hex>")
+	s = dlqHexRunRE.ReplaceAllStringFunc(s, func(m string) string {
+		if strings.IndexAny(m, "0123456789") >= 0 && strings.IndexAny(m, "abcdefABCDEF") >= 0 {
+			return "<hex>"
+		}
+		return m
+	})
+	s = dlqDigitsRE.ReplaceAllString(s, "<n>")
+	s = strings.TrimSpace(dlqBlanksRE.ReplaceAllString(s, " "))
+	if utf8.RuneCountInString(s) > 200 {
+		s = string([]rune(s)[:200]) + "…"
+	}
+	if s == "" {
+		s = "(no message)"
+	}
+	return s
+}
+
+// ---- list ----
+
+func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newDLQFlags("list", ` --source URL [--limit N] [--since DURATION|RFC3339] [--error-class C] [--json]
+
+Prints the dead letters of the source in its order (append order for files
+and tables, offset order within each partition for Kafka), one per line:
+last failure, class, original topic/partition/offset, attempts, group and
+the first line of the error. --json prints one JSON object per line instead,
+in the format of kpar's file sink, so the output can itself be read back
+with --source file://PATH.`, stderr)
+	limit := c.fs.Int("limit", 0, "print at most `N` dead letters (default all)")
+	since := c.fs.String("since", "", "only dead letters whose last failure is at or after `T`: a duration back from now (90m, 24h) or an RFC 3339 time")
+	asJSON := c.fs.Bool("json", false, "print JSON Lines instead of text")
+	if code, ok := c.fs.parse(args); !ok {
+		return code
+	}
+	if code, ok := c.check(); !ok {
+		return code
+	}
+	if *limit < 0 {
+		return c.fs.usageError("invalid --limit %d: must be 0 (all) or more", *limit)
+	}
+	var from time.Time
+	if *since != "" {
+		t, err := dlqParseSince(*since, time.Now())
+		if err != nil {
+			return c.fs.usageError("invalid --since %q: want a duration (24h) or an RFC 3339 time", *since)
+		}
+		from = t
+	}
+	src, err := c.open(ctx)
+	if err != nil {
+		return dlqFail(stderr, "list", err)
+	}
+	errLimit := errors.New("limit reached")
+	n := 0
+	err = src.Read(ctx, func(l deadletter.DeadLetter) error {
+		if !c.keep(l) || (!from.IsZero() && (l.LastFailure.IsZero() || l.LastFailure.Before(from))) {
+			return nil
+		}
+		if *asJSON {
+			b, err := deadletter.MarshalJSONLine(l)
+			if err != nil {
+				return err
+			}
+			stdout.Write(append(b, '\n'))
+		} else {
+			msg, _, _ := strings.Cut(l.Message, "\n")
+			fmt.Fprintf(stdout, "%-24s  %-9s  %s  attempts=%d  group=%s  %s\n",
+				dlqTime(l.LastFailure), l.Class, l.ID(), l.Attempts, dlqOrDash(l.Group), strings.TrimSpace(msg))
+		}
+		n++
+		if *limit > 0 && n >= *limit {
+			return errLimit
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errLimit) {
+		return dlqFail(stderr, "list", err)
+	}
+	return 0
+}
+
+func dlqOrDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// dlqParseSince reads --since: a duration back from now, or an RFC 3339 time.
+func dlqParseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, errors.New("negative duration")
+		}
+		return now.Add(-d), nil
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}
+
+// ---- replay ----
+
+func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newDLQFlags("replay", ` --source URL [--to TOPIC] [--brokers LIST] [--error-class C] [--dry-run] [--run-id ID]
+
+Sends the dead letters of the source back to Kafka: to each one's original
+topic, or to --to, on the partition with the original's number (modulo the
+target's partition count), in source order. A replayed record has the
+original key, value and headers, plus the headers kpar-replayed-from (the
+original's topic/partition/offset) and kpar-replay-run (the run id), and the
+time of the replay as its timestamp. Brokers: --brokers, else the source's
+for a kafka:// source.
+
+Re-running is safe. A replay is a run with an id, by default derived from
+--source, --to and --error-class, so running the same command again resumes
+the same run; pass --run-id to start another one. The run's journal is
+STATE-DIR/RUN-ID.journal: before each batch of up to 500 records it records
+the batch's ids and the target partitions' end offsets, and after the
+brokers acknowledged the batch it records the ids as sent (each line
+fsynced; the file is locked while a run is active). A re-run:
+  - skips every dead letter the journal records as sent;
+  - if the previous run died while a batch was in flight, first reads the
+    target partitions from the journaled end offsets and treats the
+    records carrying this run id in kpar-replay-run as sent, then sends the
+    rest of that batch;
+  - sends dead letters that reached the source since the last run.
+So each dead letter is sent once per run id, across crashes, as long as the
+journal is kept; without it (another machine, a deleted file) or with
+another run id everything is sent again. --dry-run sends nothing, writes
+nothing, and prints what a run would send now.`, stderr)
+	to := c.fs.String("to", "", "replay every dead letter to `TOPIC` (default each one's original topic)")
+	brokers := c.fs.String("brokers", "", "seed brokers `host:port,...` to replay to (default the source's, for a kafka:// source)")
+	dryRun := c.fs.Bool("dry-run", false, "print what would be replayed; send and write nothing")
+	runID := c.fs.String("run-id", "", "replay run `ID` ([A-Za-z0-9._-]; default derived from --source, --to and --error-class)")
+	stateDir := c.fs.String("state-dir", "", "`DIR` of replay journals (default $XDG_STATE_HOME/kpar/replay, else ~/.local/state/kpar/replay)")
+	if code, ok := c.fs.parse(args); !ok {
+		return code
+	}
+	if code, ok := c.check(); !ok {
+		return code
+	}
+	if *runID == "" {
+		sum := sha256.Sum256([]byte(strings.Join([]string{*c.source, *to, *c.class}, "\x00")))
+		*runID = "replay-" + hex.EncodeToString(sum[:8])
+	} else if !dlqRunIDRE.MatchString(*runID) {
+		return c.fs.usageError("invalid --run-id %q: want 1 to 200 of [A-Za-z0-9._-]", *runID)
+	}
+	dir := *stateDir
+	if dir == "" {
+		var err error
+		if dir, err = dlqStateDir(); err != nil && !*dryRun {
+			return c.fs.usageError("missing --state-dir: %v", err)
+		}
+	}
+	state := ""
+	if dir != "" {
+		state = filepath.Join(dir, *runID+".journal")
+	}
+
+	var seeds []string
+	switch {
+	case *brokers != "":
+		var err error
+		if seeds, err = splitBrokers(*brokers); err != nil {
+			return c.fs.usageError("invalid --brokers: %v", err)
+		}
+	case strings.HasPrefix(*c.source, "kafka://"):
+		var err error
+		if seeds, _, err = deadletter.ParseKafkaURL(*c.source); err != nil {
+			return c.fs.usageError("invalid --source: %v", err)
+		}
+	case !*dryRun:
+		return c.fs.usageError("missing --brokers (or %s): needed to replay from a file or PostgreSQL source", envName("brokers"))
+	}
+	secOpts, _ := c.sec.kgoOpts()
+
+	src, err := c.open(ctx)
+	if err != nil {
+		return dlqFail(stderr, "replay", err)
+	}
+	var cl *kgo.Client
+	if seeds != nil {
+		if err := c.sec.checkBrokers(ctx, seeds, dlqConnectTimeout); err != nil {
+			return dlqFail(stderr, "replay", err)
+		}
+		cl, err = kgo.NewClient(append([]kgo.Opt{
+			kgo.SeedBrokers(seeds...),
+			kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		}, secOpts...)...)
+		if err != nil {
+			return dlqFail(stderr, "replay", err)
+		}
+		defer cl.Close()
+	}
+
+	opts := []deadletter.ReplayOption{
+		deadletter.RunID(*runID),
+		deadletter.StateFile(state),
+		deadletter.To(*to),
+		deadletter.Filter(c.keep),
+	}
+	if *dryRun {
+		opts = append(opts, deadletter.DryRun(), deadletter.OnLetter(func(e deadletter.ReplayEvent) {
+			part := "?"
+			if e.Partition >= 0 {
+				part = fmt.Sprint(e.Partition)
+			}
+			what := "would replay"
+			switch {
+			case e.Skipped:
+				what = "already replayed"
+			case e.InDoubt:
+				what = "in doubt"
+			}
+			fmt.Fprintf(stdout, "%-16s  %s -> %s[%s]  %s\n", what, e.Letter.ID(), e.Topic, part, e.Letter.Class)
+		}))
+	}
+	rep, err := deadletter.Replay(ctx, src, cl, opts...)
+	if err != nil {
+		return dlqFail(stderr, "replay", err)
+	}
+	if *dryRun {
+		fmt.Fprintf(stdout, "dry run %s: %d would be replayed, %d already replayed, %d in doubt (a run checks the target for them first), %d filtered out, of %d read; journal %s\n",
+			rep.RunID, rep.Replayed, rep.Skipped, rep.InDoubt, rep.Filtered, rep.Read, dlqOrDash(state))
+		return 0
+	}
+	fmt.Fprintf(stdout, "run %s: replayed %d, already replayed %d, found sent after an interruption %d, filtered out %d, of %d read; journal %s\n",
+		rep.RunID, rep.Replayed, rep.Skipped, rep.Recovered, rep.Filtered, rep.Read, state)
+	return 0
+}
+
+// dlqStateDir is $XDG_STATE_HOME/kpar/replay, else
+// ~/.local/state/kpar/replay.
+func dlqStateDir() (string, error) {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "kpar", "replay"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		return "", errors.New("no $XDG_STATE_HOME and no home directory")
+	}
+	return filepath.Join(home, ".local", "state", "kpar", "replay"), nil
+}

@@ -1,0 +1,488 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/deadletter"
+)
+
+// dlqCtx bounds one test; nothing in these tests sleeps.
+func dlqCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// runDLQ runs `kpar dlq ARGS...` in process.
+func runDLQ(t *testing.T, ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = cmdDLQ(ctx, args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// mustDLQ runs a dlq command that must succeed.
+func mustDLQ(t *testing.T, ctx context.Context, args ...string) string {
+	t.Helper()
+	code, out, errs := runDLQ(t, ctx, args...)
+	if code != 0 {
+		t.Fatalf("kpar dlq %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, out, errs)
+	}
+	return out
+}
+
+func dlqTS(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// dlqLetters: five dead letters of topic orders (three partitions), two of
+// them with messages that differ only in a number.
+func dlqLetters() []deadletter.DeadLetter {
+	mk := func(p int32, o int64, class deadletter.Class, msg, last string) deadletter.DeadLetter {
+		return deadletter.DeadLetter{
+			Record: &kgo.Record{Topic: "orders", Partition: p, Offset: o,
+				Key: []byte("key-" + string(rune('a'+o))), Value: []byte{0, 1, 2, byte(o)},
+				Headers:   []kgo.RecordHeader{{Key: "trace", Value: []byte("t")}, {Key: "bin", Value: []byte{0xff, 0}}},
+				Timestamp: dlqTS("2024-05-01T00:00:00Z")},
+			Group: "billing", Class: class, Message: msg, Attempts: 3,
+			FirstFailure: dlqTS(last).Add(-time.Minute), LastFailure: dlqTS(last),
+		}
+	}
+	return []deadletter.DeadLetter{
+		mk(0, 1, deadletter.ClassExhausted, "charge failed: card 1234 declined", "2024-05-01T10:00:00Z"),
+		mk(0, 2, deadletter.ClassExhausted, "charge failed: card 9876 declined", "2024-05-02T10:00:00Z"),
+		mk(1, 5, deadletter.ClassPermanent, "invalid json at byte 17", "2024-05-03T10:00:00Z"),
+		mk(2, 9, deadletter.ClassTimeout, "attempt timed out (request 123e4567-e89b-12d3-a456-426614174000)", "2024-05-04T10:00:00Z"),
+		mk(1, 6, deadletter.ClassPanic, "panic: boom\n\ngoroutine 9 [running]:\nmain.handle()", "2024-05-05T10:00:00Z"),
+	}
+}
+
+// dlqEnv is a source of dead letters and a Kafka cluster to replay to.
+type dlqEnv struct {
+	source       string // --source
+	brokers      string // the cluster's address
+	needsBrokers bool   // the source is not Kafka: replay needs --brokers
+	cluster      *kfake.Cluster
+}
+
+type dlqSourceCase struct {
+	name  string
+	setup func(t *testing.T, ctx context.Context, c *kfake.Cluster) (source string)
+}
+
+func dlqSourceCases() []dlqSourceCase {
+	return []dlqSourceCase{
+		{"kafka", func(t *testing.T, ctx context.Context, c *kfake.Cluster) string {
+			cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			if err := deadletter.NewKafkaSink(cl).Write(ctx, dlqLetters()); err != nil {
+				t.Fatal(err)
+			}
+			return "kafka://" + strings.Join(c.ListenAddrs(), ",") + "/orders.dlq"
+		}},
+		{"file", func(t *testing.T, ctx context.Context, c *kfake.Cluster) string {
+			path := filepath.Join(t.TempDir(), "dlq.jsonl")
+			s, err := deadletter.NewFileSink(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if err := s.Write(ctx, dlqLetters()); err != nil {
+				t.Fatal(err)
+			}
+			return "file://" + path
+		}},
+		{"postgres", func(t *testing.T, ctx context.Context, c *kfake.Cluster) string {
+			dsn := os.Getenv("KPAR_TEST_POSTGRES")
+			if dsn == "" {
+				t.Skip("KPAR_TEST_POSTGRES is unset: set it to a PostgreSQL DSN (scripts/test.sh starts a server and sets it)")
+			}
+			b := make([]byte, 4)
+			rand.Read(b)
+			table := "dlq_cli_" + hex.EncodeToString(b)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if conn, err := pgx.Connect(ctx, dsn); err == nil {
+					conn.Exec(ctx, "DROP TABLE IF EXISTS "+table)
+					conn.Close(ctx)
+				}
+			})
+			s, err := deadletter.OpenPostgresSink(ctx, dsn, deadletter.Table(table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if err := s.Write(ctx, dlqLetters()); err != nil {
+				t.Fatal(err)
+			}
+			u, _ := url.Parse(dsn)
+			q := u.Query()
+			q.Set(deadletter.TableParam, table)
+			u.RawQuery = q.Encode()
+			return u.String()
+		}},
+	}
+}
+
+// newDLQEnv starts a cluster with the topics the tests use and fills the
+// source.
+func newDLQEnv(t *testing.T, ctx context.Context, sc dlqSourceCase) dlqEnv {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders", "orders.dlq", "replayed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	src := sc.setup(t, ctx, c)
+	return dlqEnv{source: src, brokers: strings.Join(c.ListenAddrs(), ","), needsBrokers: sc.name != "kafka", cluster: c}
+}
+
+// topicRecords reads every record of topic as stored.
+func topicRecords(t *testing.T, ctx context.Context, env dlqEnv, topic string) []*kgo.Record {
+	t.Helper()
+	src, err := deadletter.OpenSource(ctx, "kafka://"+env.brokers+"/"+topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*kgo.Record
+	if err := src.Read(ctx, func(l deadletter.DeadLetter) error {
+		out = append(out, l.Record) // plain records decode as themselves
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func nonEmptyLines(s string) []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) != "" {
+			out = append(out, sc.Text())
+		}
+	}
+	return out
+}
+
+func TestDLQStats(t *testing.T) {
+	for _, sc := range dlqSourceCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			ctx := dlqCtx(t)
+			env := newDLQEnv(t, ctx, sc)
+
+			out := mustDLQ(t, ctx, "stats", "--source", env.source)
+			for _, want := range []string{
+				"dead letters: 5\n",
+				"oldest last failure: 2024-05-01T10:00:00.000Z\n",
+				"newest last failure: 2024-05-05T10:00:00.000Z\n",
+				"        2  exhausted\n",
+				"        1  panic\n",
+				"        2  charge failed: card <n> declined\n",
+				"        1  attempt timed out (request <uuid>)\n",
+				"        1  invalid json at byte <n>\n",
+				"        1  panic: boom\n",
+				"        2  orders/0\n",
+				"        2  orders/1\n",
+				"        1  orders/2\n",
+			} {
+				if !strings.Contains(out, want) {
+					t.Errorf("stats output lacks %q:\n%s", want, out)
+				}
+			}
+
+			var rep dlqStatsReport
+			out = mustDLQ(t, ctx, "stats", "--source", env.source, "--json")
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("stats --json: %v\n%s", err, out)
+			}
+			if rep.Total != 5 || rep.ByClass["exhausted"] != 2 || rep.ByClass["timeout"] != 1 ||
+				len(rep.ByMessage) != 4 || rep.ByMessage[0].Count != 2 || rep.ByMessage[0].Message != "charge failed: card <n> declined" ||
+				len(rep.ByPartition) != 3 || rep.ByPartition[0].Topic != "orders" || *rep.ByPartition[0].Partition != 0 ||
+				!rep.OldestLastFailure.Equal(dlqTS("2024-05-01T10:00:00Z")) || !rep.NewestLastFailure.Equal(dlqTS("2024-05-05T10:00:00Z")) {
+				t.Errorf("stats --json: %+v", rep)
+			}
+
+			out = mustDLQ(t, ctx, "stats", "--source", env.source, "--error-class", "permanent")
+			if !strings.Contains(out, "dead letters: 1\n") {
+				t.Errorf("stats --error-class permanent:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestDLQList(t *testing.T) {
+	for _, sc := range dlqSourceCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			ctx := dlqCtx(t)
+			env := newDLQEnv(t, ctx, sc)
+
+			lines := nonEmptyLines(mustDLQ(t, ctx, "list", "--source", env.source))
+			if len(lines) != 5 {
+				t.Fatalf("list printed %d lines:\n%s", len(lines), strings.Join(lines, "\n"))
+			}
+			var joined = strings.Join(lines, "\n")
+			for _, want := range []string{
+				"2024-05-01T10:00:00.000Z  exhausted  orders/0/1  attempts=3  group=billing  charge failed: card 1234 declined",
+				"2024-05-05T10:00:00.000Z  panic      orders/1/6  attempts=3  group=billing  panic: boom",
+			} {
+				if !strings.Contains(joined, want) {
+					t.Errorf("list lacks %q:\n%s", want, joined)
+				}
+			}
+
+			for _, tc := range []struct {
+				args []string
+				want int
+			}{
+				{[]string{"--limit", "2"}, 2},
+				{[]string{"--error-class", "exhausted"}, 2},
+				{[]string{"--since", "2024-05-02T10:00:00Z"}, 4},
+				{[]string{"--since", "2024-05-03T00:00:00Z", "--error-class", "timeout"}, 1},
+				{[]string{"--since", "1h"}, 0},
+				{[]string{"--since", "87600h"}, 5},
+			} {
+				args := append([]string{"list", "--source", env.source}, tc.args...)
+				if got := len(nonEmptyLines(mustDLQ(t, ctx, args...))); got != tc.want {
+					t.Errorf("list %s: %d lines, want %d", strings.Join(tc.args, " "), got, tc.want)
+				}
+			}
+
+			// --json is the file sink's format: it reads back as a source,
+			// byte-for-byte.
+			out := mustDLQ(t, ctx, "list", "--source", env.source, "--json")
+			path := filepath.Join(t.TempDir(), "copy.jsonl")
+			if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			src, err := deadletter.OpenSource(ctx, "file://"+path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]deadletter.DeadLetter{}
+			for _, l := range dlqLetters() {
+				want[l.ID()] = l
+			}
+			n := 0
+			src.Read(ctx, func(l deadletter.DeadLetter) error {
+				n++
+				w := want[l.ID()]
+				if w.Record == nil || !bytes.Equal(w.Record.Key, l.Record.Key) || !bytes.Equal(w.Record.Value, l.Record.Value) ||
+					len(l.Record.Headers) != 2 || !bytes.Equal(l.Record.Headers[1].Value, []byte{0xff, 0}) ||
+					w.Message != l.Message || !w.LastFailure.Equal(l.LastFailure) || !w.Record.Timestamp.Equal(l.Record.Timestamp) {
+					t.Errorf("list --json changed %s: %+v %+v", l.ID(), l, l.Record)
+				}
+				return nil
+			})
+			if n != 5 {
+				t.Errorf("list --json wrote %d letters", n)
+			}
+		})
+	}
+}
+
+// replayArgs is `kpar dlq replay` against env, with its own state dir.
+func replayArgs(env dlqEnv, stateDir string, extra ...string) []string {
+	args := []string{"replay", "--source", env.source, "--state-dir", stateDir}
+	if env.needsBrokers {
+		args = append(args, "--brokers", env.brokers)
+	}
+	return append(args, extra...)
+}
+
+func TestDLQReplay(t *testing.T) {
+	for _, sc := range dlqSourceCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			ctx := dlqCtx(t)
+			env := newDLQEnv(t, ctx, sc)
+			state := t.TempDir()
+
+			// A dry run prints the plan and sends and writes nothing.
+			out := mustDLQ(t, ctx, replayArgs(env, state, "--dry-run", "--to", "replayed", "--error-class", "exhausted")...)
+			if n := strings.Count(out, "would replay"); n != 2 || !strings.Contains(out, "orders/0/2 -> replayed[0]") ||
+				!strings.Contains(out, "dry run replay-") || !strings.Contains(out, "2 would be replayed") {
+				t.Errorf("dry run output:\n%s", out)
+			}
+			if recs := topicRecords(t, ctx, env, "replayed"); len(recs) != 0 {
+				t.Fatalf("dry run sent %d records", len(recs))
+			}
+			if entries, _ := os.ReadDir(state); len(entries) != 0 {
+				t.Fatalf("dry run wrote %d state files", len(entries))
+			}
+
+			// The filtered replay sends the two exhausted letters.
+			out = mustDLQ(t, ctx, replayArgs(env, state, "--to", "replayed", "--error-class", "exhausted")...)
+			if !strings.Contains(out, "replayed 2, already replayed 0") {
+				t.Errorf("replay output:\n%s", out)
+			}
+			checkReplayed(t, ctx, env, "replayed", []string{"orders/0/1", "orders/0/2"})
+
+			// The same command again sends nothing.
+			out = mustDLQ(t, ctx, replayArgs(env, state, "--to", "replayed", "--error-class", "exhausted")...)
+			if !strings.Contains(out, "replayed 0, already replayed 2") {
+				t.Errorf("re-run output:\n%s", out)
+			}
+			checkReplayed(t, ctx, env, "replayed", []string{"orders/0/1", "orders/0/2"})
+			out = mustDLQ(t, ctx, replayArgs(env, state, "--dry-run", "--to", "replayed", "--error-class", "exhausted")...)
+			if !strings.Contains(out, "0 would be replayed, 2 already replayed") {
+				t.Errorf("dry run after the replay:\n%s", out)
+			}
+
+			// Everything to the original topic is another run: all five,
+			// on their original partitions; then again, nothing.
+			mustDLQ(t, ctx, replayArgs(env, state)...)
+			all := []string{"orders/0/1", "orders/0/2", "orders/1/5", "orders/1/6", "orders/2/9"}
+			checkReplayed(t, ctx, env, "orders", all)
+			out = mustDLQ(t, ctx, replayArgs(env, state)...)
+			if !strings.Contains(out, "replayed 0, already replayed 5") {
+				t.Errorf("re-run output:\n%s", out)
+			}
+			checkReplayed(t, ctx, env, "orders", all)
+
+			// A new run id is a new replay.
+			mustDLQ(t, ctx, replayArgs(env, state, "--run-id", "again", "--error-class", "timeout")...)
+			if n := len(topicRecords(t, ctx, env, "orders")); n != 6 {
+				t.Errorf("orders holds %d records after a second run, want 6", n)
+			}
+		})
+	}
+}
+
+// checkReplayed checks that topic holds exactly one replayed record per id,
+// each a faithful copy of its dead letter on the original partition.
+func checkReplayed(t *testing.T, ctx context.Context, env dlqEnv, topic string, ids []string) {
+	t.Helper()
+	want := map[string]deadletter.DeadLetter{}
+	for _, l := range dlqLetters() {
+		want[l.ID()] = l
+	}
+	var got []string
+	for _, r := range topicRecords(t, ctx, env, topic) {
+		n := len(r.Headers)
+		if n < 2 || r.Headers[n-2].Key != deadletter.HeaderReplayedFrom || r.Headers[n-1].Key != deadletter.HeaderReplayRun {
+			t.Errorf("record %s/%d/%d lacks the replay headers: %q", r.Topic, r.Partition, r.Offset, r.Headers)
+			continue
+		}
+		id := string(r.Headers[n-2].Value)
+		got = append(got, id)
+		l, ok := want[id]
+		if !ok {
+			t.Errorf("replayed %q is no dead letter", id)
+			continue
+		}
+		if r.Partition != l.Record.Partition || !bytes.Equal(r.Key, l.Record.Key) || !bytes.Equal(r.Value, l.Record.Value) {
+			t.Errorf("replayed %s: partition %d key %q value %x", id, r.Partition, r.Key, r.Value)
+		}
+		if len(r.Headers) != len(l.Record.Headers)+2 || r.Headers[0].Key != "trace" || !bytes.Equal(r.Headers[1].Value, []byte{0xff, 0}) {
+			t.Errorf("replayed %s: headers %q", id, r.Headers)
+		}
+	}
+	sort.Strings(got)
+	if strings.Join(got, " ") != strings.Join(ids, " ") {
+		t.Errorf("%s holds replays of %q, want %q", topic, got, ids)
+	}
+}
+
+func TestDLQUsageErrors(t *testing.T) {
+	ctx := dlqCtx(t)
+	file := filepath.Join(t.TempDir(), "dlq.jsonl")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := "file://" + file
+	for _, tc := range []struct {
+		args []string
+		want string // in the one-line error
+	}{
+		{[]string{}, "usage: kpar dlq"},
+		{[]string{"bogus"}, `unknown subcommand "bogus"`},
+		{[]string{"stats"}, "--source"},
+		{[]string{"stats", "--source", "ftp://host/x"}, "--source"},
+		{[]string{"stats", "--source", src, "--error-class", "fatal"}, "--error-class"},
+		{[]string{"list", "--source", src, "--since", "yesterday"}, "--since"},
+		{[]string{"list", "--source", src, "--limit", "-1"}, "--limit"},
+		{[]string{"list", "--source", src, "--limit", "many"}, "-limit"},
+		{[]string{"list", "--nope"}, "-nope"},
+		{[]string{"list", "--source", src, "extra"}, `unexpected argument "extra"`},
+		{[]string{"replay", "--source", src, "--state-dir", t.TempDir()}, "--brokers"},
+		{[]string{"replay", "--source", src, "--brokers", "nohostport", "--state-dir", t.TempDir()}, "--brokers"},
+		{[]string{"replay", "--source", src, "--brokers", "127.0.0.1:1", "--run-id", "a/b"}, "--run-id"},
+		{[]string{"stats", "--source", src, "--sasl-mechanism", "kerberos"}, "sasl"},
+	} {
+		code, out, errs := runDLQ(t, ctx, tc.args...)
+		if code != 2 {
+			t.Errorf("kpar dlq %q: exit %d, want 2\nstdout: %s\nstderr: %s", tc.args, code, out, errs)
+			continue
+		}
+		if len(tc.args) > 0 && (strings.Count(strings.TrimSpace(errs), "\n") != 0 || !strings.Contains(errs, tc.want)) {
+			t.Errorf("kpar dlq %q: stderr %q, want one line naming %q", tc.args, errs, tc.want)
+		}
+		if len(tc.args) == 0 && !strings.Contains(errs, tc.want) {
+			t.Errorf("kpar dlq: stderr %q", errs)
+		}
+	}
+
+	// Help is not an error.
+	if code, _, errs := runDLQ(t, ctx, "replay", "--help"); code != 0 || !strings.Contains(errs, "once per run id") {
+		t.Errorf("replay --help: exit %d, help does not explain re-runs:\n%s", code, errs)
+	}
+	if code, out, _ := runDLQ(t, ctx, "--help"); code != 0 || !strings.Contains(out, "replay") {
+		t.Errorf("dlq --help: exit %d\n%s", code, out)
+	}
+	// A source that cannot be read is a failure, not a usage error.
+	if code, _, errs := runDLQ(t, ctx, "stats", "--source", "file://"+filepath.Join(t.TempDir(), "missing")); code != 1 || !strings.HasPrefix(errs, "kpar dlq stats: ") {
+		t.Errorf("missing file: exit %d, stderr %q", code, errs)
+	}
+	// Flags also come from KPAR_<FLAG>.
+	t.Setenv("KPAR_SOURCE", src)
+	if out := mustDLQ(t, ctx, "stats"); !strings.Contains(out, "dead letters: 0") {
+		t.Errorf("stats from KPAR_SOURCE:\n%s", out)
+	}
+	t.Setenv("KPAR_ERROR_CLASS", "nope")
+	if code, _, errs := runDLQ(t, ctx, "stats"); code != 2 || !strings.Contains(errs, "KPAR_ERROR_CLASS") && !strings.Contains(errs, "--error-class") {
+		t.Errorf("bad KPAR_ERROR_CLASS: exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestDLQNormalisesMessages(t *testing.T) {
+	for in, want := range map[string]string{
+		"charge failed: card 1234 declined":                      "charge failed: card <n> declined",
+		"  user 550e8400-e29b-41d4-a716-446655440000 not found ": "user <uuid> not found",
+		"bad pointer 0xc000123abc in frame 3":                    "bad pointer <hex> in frame <n>",
+		"object deadbeef42 missing; trace 9f86d081884c7d65":      "object <hex> missing; trace <hex>",
+		"decoding failed\n\tat line 3":                           "decoding failed",
+		"panic: boom\n\ngoroutine 1 [running]:":                  "panic: boom",
+		"":                                                       "(no message)",
+		"tabs\tand   spaces":                                     "tabs and spaces",
+		"facade":                                                 "facade",
+	} {
+		if got := dlqNormalise(in); got != want {
+			t.Errorf("dlqNormalise(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

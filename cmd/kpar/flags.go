@@ -1,0 +1,78 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// flagSet is a flag.FlagSet that also reads KPAR_<FLAG> environment
+// variables and reports bad usage as one line naming the flag.
+type flagSet struct {
+	*flag.FlagSet
+	stderr io.Writer
+	usage  func()
+}
+
+func newFlagSet(name, synopsis string, stderr io.Writer) *flagSet {
+	fs := flag.NewFlagSet("kpar "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	f := &flagSet{FlagSet: fs, stderr: stderr}
+	// flag calls Usage on every parse error; keep those errors to one line
+	// and print the full usage only for --help (see parse).
+	fs.Usage = func() {}
+	f.usage = func() {
+		fmt.Fprintf(stderr, "usage: kpar %s [flags]%s\n\nflags (each also read from KPAR_<FLAG>):\n", name, synopsis)
+		fs.SetOutput(stderr)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	return f
+}
+
+// envName is the environment variable that sets a flag: KPAR_DLQ_TOPIC for
+// --dlq-topic.
+func envName(flagName string) string {
+	return "KPAR_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parse parses args, then fills every flag not given on the command line
+// from its environment variable. It returns (exit code, false) when the
+// caller must stop: 0 after --help, 2 after bad usage.
+func (f *flagSet) parse(args []string) (int, bool) {
+	if err := f.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			f.usage()
+			return 0, false
+		}
+		fmt.Fprintf(f.stderr, "%s: %v\n", f.Name(), err)
+		return 2, false
+	}
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	var bad error
+	f.VisitAll(func(fl *flag.Flag) {
+		if set[fl.Name] || bad != nil {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(fl.Name)); ok {
+			if err := fl.Value.Set(v); err != nil {
+				bad = fmt.Errorf("invalid value %q for %s (flag --%s): %v", v, envName(fl.Name), fl.Name, err)
+			}
+		}
+	})
+	if bad != nil {
+		fmt.Fprintf(f.stderr, "%s: %v\n", f.Name(), bad)
+		return 2, false
+	}
+	return 0, true
+}
+
+// usageError prints a one-line usage error naming the flag and returns 2.
+func (f *flagSet) usageError(format string, a ...any) int {
+	fmt.Fprintf(f.stderr, "%s: %s\n", f.Name(), fmt.Sprintf(format, a...))
+	return 2
+}

@@ -1,0 +1,176 @@
+package kpar
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Handler handles one record. It returns nil when the record is done; an
+// error makes the attempt count as failed and the record is retried with
+// backoff (see RetryBackoff). A panic is recovered and counts as a failed
+// attempt. ctx is cancelled only when the Consumer gives up on the attempt
+// (the shutdown timeout passed); a handler that ignores it keeps its worker
+// busy.
+type Handler interface {
+	Handle(ctx context.Context, r *kgo.Record) error
+}
+
+// HandlerFunc adapts a function to a Handler.
+type HandlerFunc func(ctx context.Context, r *kgo.Record) error
+
+// Handle calls f(ctx, r).
+func (f HandlerFunc) Handle(ctx context.Context, r *kgo.Record) error { return f(ctx, r) }
+
+// BatchHandler handles up to BatchSize records at once. The records of one
+// call belong to one partition and are in offset order; in Key mode they also
+// share one key. An error fails every record of the batch: each is retried
+// (possibly in other batches).
+type BatchHandler interface {
+	HandleBatch(ctx context.Context, rs []*kgo.Record) error
+}
+
+// BatchHandlerFunc adapts a function to a BatchHandler.
+type BatchHandlerFunc func(ctx context.Context, rs []*kgo.Record) error
+
+// HandleBatch calls f(ctx, rs).
+func (f BatchHandlerFunc) HandleBatch(ctx context.Context, rs []*kgo.Record) error { return f(ctx, rs) }
+
+// Consumer consumes topics as one member of a consumer group, handling many
+// records of each partition at once and committing only offsets below which
+// every record is finished. Create it with New or NewBatch, start it with
+// Run, stop it by cancelling Run's context or with Close.
+type Consumer struct {
+	cfg     cfg
+	handler Handler
+	batch   BatchHandler
+	hooks   hooks
+
+	running atomic.Bool
+
+	mu     sync.Mutex // guards the fields below
+	closed bool
+	cancel context.CancelFunc // cancels the current Run
+	done   chan struct{}      // closed when the current Run returns
+	eng    *engine            // the current Run's engine, for Partitions
+}
+
+// New returns a Consumer that hands each record to h. It validates the
+// options and starts nothing: Run connects.
+func New(h Handler, opts ...Opt) (*Consumer, error) {
+	return newConsumer(h, nil, opts)
+}
+
+// NewBatch returns a Consumer that hands records to h in batches of up to
+// BatchSize (default 100) records.
+func NewBatch(h BatchHandler, opts ...Opt) (*Consumer, error) {
+	return newConsumer(nil, h, opts)
+}
+
+func newConsumer(h Handler, bh BatchHandler, opts []Opt) (*Consumer, error) {
+	c := defaultCfg()
+	if bh != nil {
+		c.batch, c.batchSize = true, 100
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if h == nil && bh == nil {
+		return nil, errNilHandler
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if !c.batch {
+		c.batchSize = 1
+	}
+	return &Consumer{cfg: c, handler: h, batch: bh, hooks: newHooks(c.hooks)}, nil
+}
+
+// Run joins the group and consumes until ctx is cancelled, Close is called,
+// or a fatal error occurs (such as an authentication failure). On the way
+// out it stops fetching, drains buffered and in-flight records for up to
+// ShutdownTimeout, commits, and leaves the group. It returns nil after a
+// clean shutdown, and only after every goroutine it started has exited
+// (unless it returns ErrShutdownTimeout).
+//
+// A Consumer runs once at a time: a concurrent Run returns ErrRunning. After
+// Run returns, Run may be called again to rejoin the group.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer c.running.Store(false)
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	e := newEngine(c)
+	c.cancel, c.done, c.eng = cancel, done, e
+	c.mu.Unlock()
+
+	return e.run(ctx)
+}
+
+// Close stops a running Run as if its context were cancelled, waits for it
+// to return, and makes later calls to Run return ErrClosed. It is safe to
+// call more than once and from any goroutine.
+func (c *Consumer) Close() {
+	c.mu.Lock()
+	c.closed = true
+	cancel, done := c.cancel, c.done
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// PartitionStats is a snapshot of one assigned partition's window.
+type PartitionStats struct {
+	Topic     string
+	Partition int32
+	// Start is the lowest unfinished offset: what a commit would store. It
+	// is -1 before the first record arrives.
+	Start int64
+	// End is the offset after the newest fetched record (-1 before any).
+	End int64
+	// Committed is the last offset kpar committed for the partition in this
+	// assignment (-1 for none yet).
+	Committed int64
+	// Buffered is the window's size: records from Start through End. It
+	// never exceeds WindowRecords.
+	Buffered int
+	// Held counts fetched records waiting for room in a full window; the
+	// partition stays paused while any are held, so they never exceed one
+	// fetch of the partition.
+	Held int
+	// Finished counts records above Start that are already done.
+	Finished int
+	// InFlight counts records a handler is running right now.
+	InFlight int
+	// Paused reports whether fetching is paused because the window is full.
+	Paused bool
+}
+
+// Partitions returns a snapshot of every assigned partition's window, for
+// progress displays and status pages. It returns nil when not running.
+func (c *Consumer) Partitions() []PartitionStats {
+	c.mu.Lock()
+	e := c.eng
+	c.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	return e.stats()
+}

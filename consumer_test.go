@@ -1,0 +1,466 @@
+package kpar
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestNoLossWithFailuresAndPanics: 50,000 records over 8 partitions, the
+// handler fails 5% of attempts and panics on 0.5%. Every record is handled
+// successfully at least once and the committed offsets end at the high
+// watermarks.
+func TestNoLossWithFailuresAndPanics(t *testing.T) {
+	const n, parts = 50_000, 8
+	c := newCluster(t, "orders", parts)
+	produce(t, c, "orders", n, 1000)
+
+	led := newLedger(n)
+	var failures, panics atomic.Int64
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		switch x := rand.IntN(1000); {
+		case x < 5:
+			panics.Add(1)
+			panic("injected panic")
+		case x < 55:
+			failures.Add(1)
+			return errors.New("injected failure")
+		}
+		led.success(r)
+		return nil
+	})
+	cons, err := New(h, testOpts(c, "g", "orders")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, led.done, 60*time.Second, "every record handled")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	committed, end := offsets(t, c, "g", "orders")
+	for p, hwm := range end {
+		if committed[p] != hwm {
+			t.Errorf("partition %d: committed %d, high watermark %d", p, committed[p], hwm)
+		}
+	}
+	distinct, dups := led.counts()
+	t.Logf("handled %d distinct, %d duplicates, %d injected failures, %d panics", distinct, dups, failures.Load(), panics.Load())
+	if failures.Load() == 0 || panics.Load() == 0 {
+		t.Fatal("the test injected no failures or no panics")
+	}
+}
+
+// TestOrderingModes is one behavioural suite over every ordering mode: no
+// loss, and the order each mode promises.
+func TestOrderingModes(t *testing.T) {
+	for _, mode := range []Ordering{Key, Partition, Unordered} {
+		t.Run(mode.String(), func(t *testing.T) {
+			const n, parts, keys = 5000, 8, 100
+			c := newCluster(t, "events", parts)
+			produce(t, c, "events", n, keys)
+
+			led := newLedger(n)
+			var (
+				mu         sync.Mutex
+				nextSeq    = map[int]int{}     // key -> next expected sequence
+				lastOffset = map[int32]int64{} // partition -> last handled offset
+				violations []string
+				running    atomic.Int64
+				maxRunning atomic.Int64
+			)
+			h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+				cur := running.Add(1)
+				defer running.Add(-1)
+				for m := maxRunning.Load(); cur > m && !maxRunning.CompareAndSwap(m, cur); m = maxRunning.Load() {
+				}
+				time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+				v := decodeValue(r.Value)
+				mu.Lock()
+				if mode == Key && v.seq != nextSeq[v.key] {
+					violations = append(violations, fmt.Sprintf("key %d: got seq %d, want %d", v.key, v.seq, nextSeq[v.key]))
+				}
+				nextSeq[v.key] = v.seq + 1
+				if last, ok := lastOffset[r.Partition]; mode == Partition && ok && r.Offset != last+1 {
+					violations = append(violations, fmt.Sprintf("partition %d: offset %d after %d", r.Partition, r.Offset, last))
+				}
+				lastOffset[r.Partition] = r.Offset
+				mu.Unlock()
+				led.success(r)
+				return nil
+			})
+			cons, err := New(h, append(testOpts(c, "g", "events"), WithOrdering(mode), Concurrency(32))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, cons)
+			waitFor(t, led.done, 60*time.Second, "every record handled")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if len(violations) > 0 {
+				t.Fatalf("%d order violations, first: %s", len(violations), violations[0])
+			}
+			if _, dups := led.counts(); dups != 0 {
+				t.Errorf("%d duplicates without failures or rebalances", dups)
+			}
+			// Parallelism actually happened: more than one record at once
+			// (Partition mode is bounded by the 8 partitions).
+			if maxRunning.Load() < 2 {
+				t.Errorf("at most %d record in flight; want parallel handling", maxRunning.Load())
+			}
+			t.Logf("max in flight %d", maxRunning.Load())
+		})
+	}
+}
+
+// TestBackPressurePausesAndResumes: with a blocked handler the window fills
+// to its limit and no further, the partition is paused, and it resumes when
+// the handler is released.
+func TestBackPressurePausesAndResumes(t *testing.T) {
+	const n, window = 500, 40
+	c := newCluster(t, "slow", 1)
+	produce(t, c, "slow", n, 50)
+
+	gate := make(chan struct{})
+	paused, resumed := make(chan struct{}), make(chan struct{})
+	var pausedOnce, resumedOnce sync.Once
+	var maxBuffered atomic.Int64
+	hook := &pauseHook{
+		onPause: func(buffered int) {
+			maxBuffered.Store(max(maxBuffered.Load(), int64(buffered)))
+			pausedOnce.Do(func() { close(paused) })
+		},
+		onResume: func(int) { resumedOnce.Do(func() { close(resumed) }) },
+	}
+	led := newLedger(n)
+	var cons *Consumer
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		for _, p := range cons.Partitions() {
+			maxBuffered.Store(max(maxBuffered.Load(), int64(p.Buffered)))
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		led.success(r)
+		return nil
+	})
+	cons, err := New(h, append(testOpts(c, "g", "slow"), WithOrdering(Unordered), Concurrency(8),
+		WindowRecords(window), WithHooks(hook))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, paused, 20*time.Second, "the partition to pause")
+	ps := cons.Partitions()
+	if len(ps) != 1 || !ps[0].Paused || ps[0].Buffered > window || ps[0].InFlight > 8 {
+		t.Fatalf("while blocked: %+v; want paused, buffered <= %d, in flight <= 8", ps, window)
+	}
+	close(gate)
+	waitFor(t, resumed, 20*time.Second, "the partition to resume")
+	waitFor(t, led.done, 30*time.Second, "every record handled")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if m := maxBuffered.Load(); m > window {
+		t.Fatalf("window held %d records; limit %d", m, window)
+	}
+	t.Logf("max buffered %d (limit %d)", maxBuffered.Load(), window)
+}
+
+type pauseHook struct {
+	onPause, onResume func(buffered int)
+}
+
+func (h *pauseHook) OnPartitionPaused(_ string, _ int32, buffered int)  { h.onPause(buffered) }
+func (h *pauseHook) OnPartitionResumed(_ string, _ int32, buffered int) { h.onResume(buffered) }
+
+// TestRebalanceLosesNothing: two members consume, a third joins, then the
+// first leaves. Nothing is lost; duplicates stay within what the revoked
+// windows could hold.
+func TestRebalanceLosesNothing(t *testing.T) {
+	const n, parts, window = 20_000, 8, 100
+	c := newCluster(t, "rb", parts)
+	produce(t, c, "rb", n, 500)
+
+	led := newLedger(n)
+	third, half := make(chan struct{}), make(chan struct{})
+	var handled atomic.Int64
+	var thirdOnce, halfOnce sync.Once
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		time.Sleep(50 * time.Microsecond)
+		led.success(r)
+		switch handled.Add(1) {
+		case n / 3:
+			thirdOnce.Do(func() { close(third) })
+		case n / 2:
+			halfOnce.Do(func() { close(half) })
+		}
+		return nil
+	})
+	newMember := func() *Consumer {
+		cons, err := New(h, append(testOpts(c, "g", "rb"), Concurrency(16), WindowRecords(window))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cons
+	}
+	stopA := runConsumer(t, newMember())
+	runConsumer(t, newMember())
+	waitFor(t, third, 60*time.Second, "a third of the records")
+	runConsumer(t, newMember())
+	waitFor(t, half, 60*time.Second, "half of the records")
+	if err := stopA(); err != nil {
+		t.Fatalf("member A: %v", err)
+	}
+	waitFor(t, led.done, 60*time.Second, "every record handled")
+	distinct, dups := led.counts()
+	// Two rebalances revoke at most every partition once each; a revoked
+	// partition re-delivers at most its window.
+	if bound := 2 * parts * window; dups > bound {
+		t.Fatalf("%d duplicates; bound %d", dups, bound)
+	}
+	t.Logf("handled %d distinct records, %d duplicates", distinct, dups)
+}
+
+// TestCrashRedeliversUnfinishedRecord reproduces the loss scenario of the
+// naive design: a slow record at offset 10, fast records above it, and the
+// consumer killed (SIGKILL, no graceful path) while the slow one runs. A pool
+// committing "the highest finished offset" would have committed 100 and the
+// restarted consumer would never see offset 10. kpar committed 10 — the
+// window start — so the new consumer gets offset 10 again.
+func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
+	if os.Getenv("KPAR_CRASH_CHILD") != "" {
+		crashChild()
+		return
+	}
+	c := newCluster(t, "crash", 1)
+	produce(t, c, "crash", 100, 100)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashRedeliversUnfinishedRecord$")
+	cmd.Env = append(os.Environ(), "KPAR_CRASH_CHILD="+strings.Join(c.ListenAddrs(), ","))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The child prints "committed 10" once every fast record is done and
+	// the commit of the window start (10) was acknowledged.
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && sc.Text() != "committed 10" {
+	}
+	if sc.Err() != nil || ctx.Err() != nil {
+		t.Fatalf("child never reported its commit: %v %v", sc.Err(), ctx.Err())
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+
+	committed, _ := offsets(t, c, "crash", "crash")
+	if committed[0] != 10 {
+		t.Fatalf("committed offset %d after the crash; want 10 (the unfinished record)", committed[0])
+	}
+	got := make(chan int64, 1)
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		select {
+		case got <- r.Offset:
+		default:
+		}
+		return nil
+	})
+	cons, err := New(h, append(testOpts(c, "crash", "crash"), WithOrdering(Partition))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	select {
+	case off := <-got:
+		if off != 10 {
+			t.Fatalf("restarted consumer began at offset %d; want 10", off)
+		}
+	case <-ctx.Done():
+		t.Fatal("restarted consumer received nothing")
+	}
+	stop()
+}
+
+// crashChild runs in the child process of TestCrashRedeliversUnfinishedRecord:
+// offset 10 never finishes, everything else does.
+func crashChild() {
+	brokers := strings.Split(os.Getenv("KPAR_CRASH_CHILD"), ",")
+	// Print once both happened, in whichever order: every fast record is
+	// done, and the window start (10) was committed.
+	var (
+		mu        sync.Mutex
+		fast      int
+		committed bool
+		printed   bool
+	)
+	report := func() {
+		if fast == 99 && committed && !printed {
+			printed = true
+			fmt.Println("committed 10")
+		}
+	}
+	hook := commitHook(func(offs map[string]map[int32]int64, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil && offs["crash"][0] == 10 {
+			committed = true
+			report()
+		}
+	})
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset == 10 {
+			<-ctx.Done() // slow: never finishes before the kill
+			return ctx.Err()
+		}
+		mu.Lock()
+		fast++
+		report()
+		mu.Unlock()
+		return nil
+	})
+	c, err := New(h,
+		Brokers(brokers...), Group("crash"), Topics("crash"),
+		WithOrdering(Unordered), CommitInterval(20*time.Millisecond), WithHooks(hook),
+		WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
+		ClientOptions(kgo.SessionTimeout(2*time.Second), kgo.HeartbeatInterval(100*time.Millisecond)),
+	)
+	if err != nil {
+		panic(err)
+	}
+	c.Run(context.Background())
+}
+
+type commitHook func(map[string]map[int32]int64, error)
+
+func (f commitHook) OnCommit(offs map[string]map[int32]int64, err error) { f(offs, err) }
+
+func TestRunTwiceConcurrentlyFails(t *testing.T) {
+	c := newCluster(t, "t", 1)
+	started := make(chan struct{})
+	var once sync.Once
+	hook := assignHook(func() { once.Do(func() { close(started) }) })
+	cons, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+		append(testOpts(c, "g", "t"), WithHooks(hook))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, started, 20*time.Second, "the first Run to join")
+	if err := cons.Run(context.Background()); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second Run = %v, want ErrRunning", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("first Run: %v", err)
+	}
+	cons.Close()
+	if err := cons.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close = %v, want ErrClosed", err)
+	}
+}
+
+type assignHook func()
+
+func (f assignHook) OnPartitionsAssigned(map[string][]int32) { f() }
+
+func TestBatchHandlerGetsOnePartitionInOrder(t *testing.T) {
+	const n = 3000
+	c := newCluster(t, "b", 4)
+	produce(t, c, "b", n, 30)
+	led := newLedger(n)
+	var bad atomic.Value
+	var maxLen atomic.Int64
+	h := BatchHandlerFunc(func(_ context.Context, rs []*kgo.Record) error {
+		maxLen.Store(max(maxLen.Load(), int64(len(rs))))
+		for i, r := range rs {
+			if i > 0 && (r.Partition != rs[0].Partition || string(r.Key) != string(rs[0].Key) || r.Offset <= rs[i-1].Offset) {
+				bad.Store(fmt.Sprintf("batch mixes records: %s/%d@%d after %s/%d@%d",
+					r.Key, r.Partition, r.Offset, rs[i-1].Key, rs[i-1].Partition, rs[i-1].Offset))
+			}
+			led.success(r)
+		}
+		return nil
+	})
+	cons, err := NewBatch(h, append(testOpts(c, "g", "b"), BatchSize(50), Concurrency(4))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, led.done, 30*time.Second, "every record handled")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if v := bad.Load(); v != nil {
+		t.Fatal(v)
+	}
+	if maxLen.Load() > 50 || maxLen.Load() < 2 {
+		t.Fatalf("largest batch %d; want 2..50", maxLen.Load())
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	h := HandlerFunc(func(context.Context, *kgo.Record) error { return nil })
+	base := []Opt{Brokers("127.0.0.1:9092"), Group("g"), Topics("t")}
+	cases := []struct {
+		name string
+		opts []Opt
+		want string
+	}{
+		{"no brokers", []Opt{Group("g"), Topics("t")}, "no brokers"},
+		{"no group", []Opt{Brokers("127.0.0.1:9092"), Topics("t")}, "no group"},
+		{"no topics", []Opt{Brokers("127.0.0.1:9092"), Group("g")}, "no topics"},
+		{"zero concurrency", append(base, Concurrency(0)), "Concurrency(0) out of range: want 1 to 65536"},
+		{"negative concurrency", append(base, Concurrency(-3)), "Concurrency(-3)"},
+		{"unknown ordering", append(base, WithOrdering(Ordering(9))), "WithOrdering(9)"},
+		{"tiny window", append(base, WindowRecords(2)), "WindowRecords(2) out of range"},
+		{"window below batch", append(base, BatchSize(500), WindowRecords(100)), "smaller than BatchSize(500)"},
+		{"tiny byte budget", append(base, MaxBufferedBytes(10)), "MaxBufferedBytes(10)"},
+		{"zero commit interval", append(base, CommitInterval(0)), "CommitInterval(0s)"},
+		{"zero shutdown timeout", append(base, ShutdownTimeout(0)), "ShutdownTimeout(0s)"},
+		{"zero revoke timeout", append(base, RevokeTimeout(0)), "RevokeTimeout(0s)"},
+		{"backoff max below base", append(base, RetryBackoff(time.Second, time.Millisecond)), "RetryBackoff(1s, 1ms)"},
+		{"zero attempts", append(base, MaxAttempts(0)), "MaxAttempts(0)"},
+		{"zero attempt timeout", append(base, AttemptTimeout(0)), "AttemptTimeout(0s)"},
+		{"bad retry topic delay", append(base, RetryTopics(time.Second, 0)), "RetryTopics delay 2"},
+		{"bad regex", append(base, TopicRegex(), Topics("(")), "TopicRegex"},
+		{"nil logger", append(base, WithLogger(nil)), "WithLogger(nil)"},
+		{"hook with no methods", append(base, WithHooks(42)), "implements no HookX"},
+		{"both brokers and seeds", append(base, ClientOptions(kgo.SeedBrokers("127.0.0.1:9093"))), "both Brokers and ClientOptions"},
+		{"group in client options", append(base, ClientOptions(kgo.ConsumerGroup("x"))), "use kpar.Group"},
+		{"topics in client options", append(base, ClientOptions(kgo.ConsumeTopics("x"))), "use kpar.Topics"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(h, tc.opts...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New error = %v; want one containing %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := New(nil, base...); err == nil {
+		t.Fatal("New(nil handler) succeeded")
+	}
+	if _, err := New(h, append(base, ClientOptions(kgo.ClientID("x")))...); err != nil {
+		t.Fatalf("valid options rejected: %v", err)
+	}
+}

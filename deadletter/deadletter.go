@@ -1,0 +1,121 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Class is why a record was dead-lettered.
+type Class string
+
+const (
+	// ClassPermanent: the handler said retrying cannot help
+	// (kpar.Permanent), or a foreign framework failed with an exception
+	// that is not retried (deserialization, conversion, ...).
+	ClassPermanent Class = "permanent"
+	// ClassExhausted: every allowed attempt failed.
+	ClassExhausted Class = "exhausted"
+	// ClassTimeout: the last attempt ran past its deadline.
+	ClassTimeout Class = "timeout"
+	// ClassPanic: the handler panicked; Message carries the panic and its
+	// stack. Foreign records whose exception is a Java Error (an
+	// ...Error class, such as StackOverflowError) decode to this class too.
+	ClassPanic Class = "panic"
+	// ClassUnknown is only produced by readers, for foreign dead letters
+	// whose exception does not tell (see FromRecord) and for records that
+	// carry no dead-letter headers at all. kpar never writes it.
+	ClassUnknown Class = "unknown"
+)
+
+// Valid reports whether c is one of the classes above.
+func (c Class) Valid() bool {
+	switch c {
+	case ClassPermanent, ClassExhausted, ClassTimeout, ClassPanic, ClassUnknown:
+		return true
+	}
+	return false
+}
+
+// DeadLetter is a record that kpar gave up on, with why and when.
+type DeadLetter struct {
+	// Record is the original: Topic, Partition, Offset, Key, Value,
+	// Headers and Timestamp are kept byte-for-byte by every sink and
+	// source. Readers return the original's headers only: the dead-letter
+	// headers a sink added are stripped.
+	Record *kgo.Record
+
+	Group        string    // consumer group that failed to handle Record
+	Class        Class     // why it was dead-lettered
+	Message      string    // the last error's text
+	Attempts     int       // delivery count; 0 when a foreign format does not say
+	FirstFailure time.Time // zero when unknown
+	LastFailure  time.Time // zero when unknown
+}
+
+// ID is the identity of a dead letter: its original record's
+// "topic/partition/offset". Sinks are idempotent and readers deduplicate by
+// this identity, and replay uses it as the value of HeaderReplayedFrom.
+func (l DeadLetter) ID() string {
+	if l.Record == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s/%d/%d", l.Record.Topic, l.Record.Partition, l.Record.Offset)
+}
+
+// Sink stores dead letters durably.
+//
+// Write returns nil only once every letter is durable; on error the caller
+// retries the whole batch later. Write is therefore idempotent per original
+// (topic, partition, offset) where the medium allows it (PostgreSQL); where it
+// does not (Kafka, files), a retried batch can store a letter twice and the
+// readers of this package drop the later copies. Write must be safe for
+// concurrent use.
+type Sink interface {
+	Write(ctx context.Context, letters []DeadLetter) error
+}
+
+// Source reads dead letters back, for inspection and replay.
+//
+// Read calls fn once per dead letter, in the medium's order (append order
+// for files and tables, offset order within each partition for Kafka),
+// dropping later copies of a letter already seen (same original topic,
+// partition and offset). It stops at the first error fn returns and
+// returns it. A Source holds no connection between Read calls, and Read may
+// be called again to read the same letters.
+type Source interface {
+	Read(ctx context.Context, fn func(DeadLetter) error) error
+}
+
+// ErrClosed is returned by Write on a FileSink or PostgresSink after Close.
+var ErrClosed = errors.New("deadletter: sink closed")
+
+// tpo identifies an original record; readers dedupe on it.
+type tpo struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+func keyOf(l DeadLetter) tpo {
+	if l.Record == nil {
+		return tpo{}
+	}
+	return tpo{l.Record.Topic, l.Record.Partition, l.Record.Offset}
+}
+
+// dedupe wraps fn so that letters already passed on are dropped.
+func dedupe(fn func(DeadLetter) error) func(DeadLetter) error {
+	seen := make(map[tpo]struct{})
+	return func(l DeadLetter) error {
+		k := keyOf(l)
+		if _, ok := seen[k]; ok {
+			return nil
+		}
+		seen[k] = struct{}{}
+		return fn(l)
+	}
+}

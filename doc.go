@@ -1,0 +1,45 @@
+// Package kpar consumes Kafka topics with many records in flight per
+// partition, without ever committing past an unfinished record.
+//
+// # The model
+//
+// A Consumer is one member of a consumer group. A single poller goroutine
+// fetches records with franz-go and appends them to the sliding window of
+// their partition. A scheduler hands ready records to a fixed pool of
+// Concurrency workers that run the Handler. The committer periodically
+// commits, for each partition, the window's start: the lowest offset that is
+// not finished yet. Everything below it is done, so a crash or a rebalance
+// can only cause the records from the start onwards to be delivered again —
+// at-least-once with duplicates bounded by the window — and never skips a
+// record. The naive alternative, committing the highest finished offset,
+// loses the slow record that a faster one overtook.
+//
+// A window is bounded (WindowRecords per partition, MaxBufferedBytes over
+// all partitions). A partition whose window fills is paused at the client
+// and resumed once it drains to half, so a slow handler slows fetching down
+// instead of growing memory.
+//
+// # Ordering
+//
+// Key (the default) runs one record per key and partition at a time, in
+// offset order, and different keys in parallel; records with a nil key are
+// unordered. Partition runs one record per partition at a time. Unordered
+// runs anything. Ordering never blocks the worker pool: records of a busy key
+// wait in that key's queue while workers take other keys.
+//
+// # Failures
+//
+// A handler error or panic fails the attempt; the record is retried after a
+// jittered exponential backoff (RetryBackoff) without holding a worker. In
+// Key and Partition modes the records behind it in its key or partition wait
+// for it, as ordering requires. Its window start waits too: a failing record
+// is never committed past.
+//
+// # Rebalances and shutdown
+//
+// On revoke, kpar stops dispatching the revoked partitions, waits up to
+// RevokeTimeout for their running records, commits their window starts and
+// drops them; lost partitions are dropped without a commit. When Run's
+// context is cancelled (or Close is called) kpar stops fetching, finishes the
+// buffered records for up to ShutdownTimeout, commits and leaves the group.
+package kpar

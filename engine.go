@@ -1,0 +1,958 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar/internal/sched"
+	"github.com/kpar/kpar/internal/window"
+)
+
+var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFunc) to New")
+
+// maxTake bounds how many ready records one worker takes per lock round
+// trip. Taking several amortises the lock when handlers are fast; the share
+// is ready/Concurrency, so slow handlers still spread one record per worker.
+const maxTake = 64
+
+// fastHandler is the per-record handler time below which a worker takes
+// several records per lock round trip: there the lock, not the handler,
+// dominates, and holding a few records back from other workers costs
+// microseconds at most.
+const fastHandler = 20 * time.Microsecond
+
+// item is a scheduled record with its bookkeeping.
+type item struct {
+	rec      *kgo.Record
+	part     *partState
+	seq      window.Seq
+	size     int64
+	attempts int
+	first    time.Time // first dispatch, for latency
+}
+
+type task = sched.Task[item]
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+type partStatus uint8
+
+const (
+	live     partStatus = iota // records are dispatched
+	revoking                   // being revoked: finishing in-flight records, dispatching nothing new
+	dropped                    // state released; late completions are ignored
+)
+
+// partState is one assigned partition. Every field is guarded by engine.mu.
+type partState struct {
+	tp
+	status  partStatus
+	win     *window.Window
+	lanes   sched.Lanes[item]
+	bytes   int64 // key+value+header bytes of unfinished records
+	running int   // records inside a handler right now
+	paused  bool
+	// held are fetched records that did not fit in the window, in offset
+	// order, waiting for room. While any are held the partition is paused,
+	// so held records never exceed one fetch of the partition.
+	held      []*kgo.Record
+	committed int64         // last committed offset, -1 for none
+	idle      chan struct{} // closed when running drops to 0 while revoking
+}
+
+// engine is one Run: the client, the poller, the workers and the committer.
+type engine struct {
+	cfg     *cfg
+	handler Handler
+	batch   BatchHandler
+	hooks   *hooks
+	log     *slog.Logger
+	seed    maphash.Seed
+	low     int // window size at or below which a paused partition resumes
+
+	cl *kgo.Client // set once in run before any goroutine starts
+
+	mu      sync.Mutex
+	cond    sync.Cond // workers wait here for ready records or stop
+	ready   sched.Queue[item]
+	parts   map[tp]*partState
+	idle    int   // workers waiting on cond
+	bytes   int64 // buffered bytes over all partitions
+	pending int   // admitted records not finished, over live partitions
+	timers  map[*task]*time.Timer
+	stop    bool // workers exit; timers do not fire
+	// pollWait is set while the poller waits for buffered bytes to drop
+	// below MaxBufferedBytes; space wakes it.
+	pollWait bool
+	space    chan struct{}
+	// drained is closed when pending reaches 0 after draining began.
+	draining bool
+	drained  chan struct{}
+}
+
+func newEngine(c *Consumer) *engine {
+	e := &engine{
+		cfg:     &c.cfg,
+		handler: c.handler,
+		batch:   c.batch,
+		hooks:   &c.hooks,
+		log:     c.cfg.logger,
+		seed:    maphash.MakeSeed(),
+		parts:   make(map[tp]*partState),
+		timers:  make(map[*task]*time.Timer),
+		space:   make(chan struct{}, 1),
+	}
+	e.low = c.cfg.windowRecords / 2
+	e.cond.L = &e.mu
+	return e
+}
+
+func (e *engine) clientOpts() []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		// Resuming a paused partition takes effect with the next fetch; a
+		// shorter wait bounds how long that can take on a quiet broker.
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.WithLogger(kgoLogger{e.log}),
+	}
+	opts = append(opts, e.cfg.clientOpts...)
+	if len(e.cfg.brokers) > 0 {
+		opts = append(opts, kgo.SeedBrokers(e.cfg.brokers...))
+	}
+	opts = append(opts,
+		kgo.ConsumerGroup(e.cfg.group),
+		kgo.ConsumeTopics(e.cfg.topics...),
+		kgo.DisableAutoCommit(),
+		kgo.OnPartitionsAssigned(e.onAssigned),
+		kgo.OnPartitionsRevoked(e.onRevoked),
+		kgo.OnPartitionsLost(e.onLost),
+	)
+	if e.cfg.regex {
+		opts = append(opts, kgo.ConsumeRegex())
+	}
+	return opts
+}
+
+func (e *engine) run(ctx context.Context) error {
+	cl, err := kgo.NewClient(e.clientOpts()...)
+	if err != nil {
+		return fmt.Errorf("kpar: creating the client: %w", err)
+	}
+	e.cl = cl
+
+	// Handlers keep running while Run drains; this context is cancelled
+	// only when the drain times out, or after Run is done.
+	hctx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
+	defer hardStop()
+
+	var workers sync.WaitGroup
+	for range e.cfg.concurrency {
+		workers.Go(func() { e.worker(hctx) })
+	}
+	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
+	var committer sync.WaitGroup
+	committer.Go(func() { e.committer(commitCtx) })
+
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	pollDone := make(chan error, 1)
+	go func() { pollDone <- e.poll(pollCtx) }()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		stopPoll()
+		runErr = <-pollDone
+	case runErr = <-pollDone:
+		stopPoll()
+	}
+	e.log.Info("kpar: stopping: draining buffered records", "timeout", e.cfg.shutdownTimeout)
+
+	drained := e.drain(e.cfg.shutdownTimeout)
+	e.mu.Lock()
+	e.stop = true
+	for t, tm := range e.timers {
+		tm.Stop()
+		delete(e.timers, t)
+	}
+	e.cond.Broadcast()
+	e.mu.Unlock()
+	if !drained {
+		e.log.Warn("kpar: shutdown timeout passed with records unfinished; cancelling handlers")
+		hardStop()
+	}
+	if !waitTimeout(&workers, e.cfg.shutdownTimeout) {
+		runErr = errors.Join(runErr, ErrShutdownTimeout)
+	}
+
+	stopCommitter()
+	committer.Wait()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.shutdownTimeout)
+	if err := e.commit(cctx, nil); err != nil {
+		e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", err)
+	}
+	cancel()
+	cl.Close()
+	return runErr
+}
+
+// waitTimeout waits for wg up to d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// drain waits until every admitted record finished, up to d.
+func (e *engine) drain(d time.Duration) bool {
+	e.mu.Lock()
+	e.draining = true
+	if e.pending == 0 {
+		e.mu.Unlock()
+		return true
+	}
+	e.drained = make(chan struct{})
+	ch := e.drained
+	e.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// ---- poller ----
+
+// poll is the only caller of PollRecords. It returns nil when ctx ends and
+// an error when the client reports a fatal one.
+func (e *engine) poll(ctx context.Context) error {
+	for {
+		if !e.waitForBytes(ctx) {
+			return nil
+		}
+		fs := e.cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			return nil
+		}
+		var fatal error
+		fs.EachError(func(topic string, partition int32, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			if isFatal(err) {
+				fatal = fmt.Errorf("kpar: fatal error from the client (topic %q, partition %d): %w", topic, partition, err)
+				return
+			}
+			e.log.Warn("kpar: fetch error", "topic", topic, "partition", partition, "err", err)
+		})
+		if fatal != nil {
+			return fatal
+		}
+		e.admit(fs)
+	}
+}
+
+// isFatal reports errors that retrying cannot fix: bad credentials and
+// missing permissions. Run returns them instead of looping.
+func isFatal(err error) bool {
+	return errors.Is(err, kerr.SaslAuthenticationFailed) ||
+		errors.Is(err, kerr.TopicAuthorizationFailed) ||
+		errors.Is(err, kerr.GroupAuthorizationFailed) ||
+		errors.Is(err, kerr.ClusterAuthorizationFailed) ||
+		errors.Is(err, kerr.IllegalSaslState) ||
+		errors.Is(err, kerr.UnsupportedSaslMechanism)
+}
+
+// waitForBytes waits until buffered bytes are below MaxBufferedBytes. It
+// reports false when ctx ended first.
+func (e *engine) waitForBytes(ctx context.Context) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.bytes >= e.cfg.maxBytes {
+		e.pollWait = true
+		e.mu.Unlock()
+		select {
+		case <-e.space:
+		case <-ctx.Done():
+			e.mu.Lock()
+			return false
+		}
+		e.mu.Lock()
+	}
+	return true
+}
+
+// recordSize is what a buffered record counts against MaxBufferedBytes.
+func recordSize(r *kgo.Record) int64 {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}
+
+// admit puts polled records into their windows and the scheduler. Records
+// that do not fit in a full window are held, and their partition paused,
+// until the window has room: the client stops fetching that partition while
+// the others go on.
+func (e *engine) admit(fs kgo.Fetches) {
+	if fs.NumRecords() == 0 {
+		return
+	}
+	e.mu.Lock()
+	readyBefore := e.ready.Len()
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		ps := e.parts[tp{p.Topic, p.Partition}]
+		if ps == nil || ps.status != live {
+			return // not ours (any more): the owner fetches them again
+		}
+		recs := p.Records
+		// Offsets only grow within an assignment; older ones mean the
+		// client rewound (an offset reset). Records already admitted are
+		// done or still tracked, so skipping them loses nothing.
+		last := ps.win.End() - 1
+		if n := len(ps.held); n > 0 {
+			last = ps.held[n-1].Offset
+		}
+		for len(recs) > 0 && recs[0].Offset <= last {
+			recs = recs[1:]
+		}
+		for _, r := range recs {
+			size := recordSize(r)
+			ps.bytes += size
+			e.bytes += size
+			e.pending++
+		}
+		if len(ps.held) == 0 {
+			room := min(len(recs), e.cfg.windowRecords-ps.win.Len())
+			e.push(ps, recs[:room])
+			recs = recs[room:]
+		}
+		if len(recs) > 0 {
+			ps.held = append(ps.held, recs...)
+			if !ps.paused {
+				ps.paused = true
+				e.cl.PauseFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
+				for _, h := range e.hooks.paused {
+					h.OnPartitionPaused(ps.topic, ps.partition, ps.win.Len())
+				}
+			}
+		}
+	})
+	e.wake(e.ready.Len() - readyBefore)
+	e.mu.Unlock()
+}
+
+// push appends records to ps's window and schedules them. Called with mu
+// held.
+func (e *engine) push(ps *partState, recs []*kgo.Record) {
+	if len(recs) == 0 {
+		return
+	}
+	// One allocation per push instead of one per record.
+	slab := make([]task, len(recs))
+	for i, r := range recs {
+		t := &slab[i]
+		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
+		e.schedule(t)
+	}
+}
+
+// schedule makes t ready, or parks it behind its key or partition.
+func (e *engine) schedule(t *task) {
+	ps := t.Value.part
+	switch e.cfg.ordering {
+	case Partition:
+		if !ps.lanes.Admit(t, 0) {
+			return
+		}
+	case Key:
+		if k := t.Value.rec.Key; k != nil && !ps.lanes.Admit(t, maphash.Bytes(e.seed, k)) {
+			return
+		}
+	}
+	e.ready.Push(t)
+}
+
+// wake signals up to n idle workers. Called with mu held.
+func (e *engine) wake(n int) {
+	for n = min(n, e.idle); n > 0; n-- {
+		e.cond.Signal()
+	}
+}
+
+// ---- workers ----
+
+func (e *engine) worker(ctx context.Context) {
+	var (
+		batch []*task
+		recs  []*kgo.Record
+		// perRecord estimates this worker's handler time per record. Until
+		// a fast handler is measured, records are taken one at a time so a
+		// slow handler never sits on records another worker could run.
+		perRecord = time.Hour
+	)
+	e.mu.Lock()
+	for {
+		for e.ready.Len() == 0 && !e.stop {
+			e.idle++
+			e.cond.Wait()
+			e.idle--
+		}
+		if e.stop {
+			e.mu.Unlock()
+			return
+		}
+		batch = e.take(batch[:0], perRecord)
+		e.mu.Unlock()
+		if len(batch) == 0 {
+			e.mu.Lock()
+			continue
+		}
+
+		// Both return with mu held, so the last finish and the next take
+		// share one lock round trip.
+		if e.batch != nil {
+			e.runBatch(ctx, batch, &recs)
+		} else {
+			perRecord = e.runEach(ctx, batch, perRecord)
+		}
+	}
+}
+
+// runEach runs the handler on each taken record and finishes each one as
+// soon as its handler returns, so a slow record never holds back the
+// completion of a fast one taken with it. It returns the updated estimate of
+// the handler's time per record.
+func (e *engine) runEach(ctx context.Context, batch []*task, perRecord time.Duration) time.Duration {
+	start := time.Now()
+	for i, t := range batch {
+		e.dispatched(t, start)
+		err := e.call(ctx, t.Value.rec)
+		backoff := e.observe(t, err)
+		e.mu.Lock()
+		e.finish(t, err, backoff)
+		batch[i] = nil
+		if i < len(batch)-1 {
+			e.mu.Unlock()
+		}
+	}
+	took := time.Since(start) / time.Duration(len(batch))
+	if perRecord > time.Minute {
+		return took
+	}
+	return (perRecord*3 + took) / 4
+}
+
+// runBatch runs the batch handler once on every taken record and returns
+// with mu held.
+func (e *engine) runBatch(ctx context.Context, batch []*task, recs *[]*kgo.Record) {
+	start := time.Now()
+	*recs = (*recs)[:0]
+	for _, t := range batch {
+		e.dispatched(t, start)
+		*recs = append(*recs, t.Value.rec)
+	}
+	err := e.callBatch(ctx, *recs)
+	backoffs := make([]time.Duration, len(batch))
+	for i, t := range batch {
+		backoffs[i] = e.observe(t, err)
+	}
+	e.mu.Lock()
+	for i, t := range batch {
+		e.finish(t, err, backoffs[i])
+		batch[i] = nil
+	}
+	clear(*recs)
+}
+
+// take pops the records this worker runs next and marks them running.
+// Workers whose handler is fast take a share of the ready queue at once, so
+// the lock is paid once per several records; others take one. Called with
+// mu held.
+func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
+	n := 1
+	if e.batch == nil && perRecord < fastHandler {
+		n = min(maxTake, (e.ready.Len()+e.cfg.concurrency-1)/e.cfg.concurrency)
+	}
+	for len(batch) < n {
+		t := e.ready.Pop()
+		if t == nil {
+			break
+		}
+		ps := t.Value.part
+		if ps.status != live {
+			continue // revoked: its new owner handles it
+		}
+		ps.running++
+		batch = append(batch, t)
+		if e.batch != nil {
+			batch = e.fillBatch(batch, t)
+		}
+	}
+	return batch
+}
+
+// fillBatch extends a batch started by first with the records that may run
+// with it: the parked records of its lane in Key and Partition modes, the
+// ready records of its partition that follow it in Unordered mode.
+func (e *engine) fillBatch(batch []*task, first *task) []*task {
+	ps := first.Value.part
+	for len(batch) < e.cfg.batchSize {
+		var next *task
+		if e.cfg.ordering == Unordered || !isLaned(e.cfg.ordering, first) {
+			if h := e.ready.Peek(); h != nil && h.Value.part == ps && !isLaned(e.cfg.ordering, h) {
+				next = e.ready.Pop()
+			}
+		} else {
+			next = ps.lanes.TakeNext(first)
+		}
+		if next == nil {
+			break
+		}
+		ps.running++
+		batch = append(batch, next)
+	}
+	return batch
+}
+
+func isLaned(o Ordering, t *task) bool {
+	return o == Partition || (o == Key && t.Value.rec.Key != nil)
+}
+
+func (e *engine) dispatched(t *task, now time.Time) {
+	it := &t.Value
+	it.attempts++
+	if it.attempts == 1 {
+		it.first = now
+	}
+	for _, h := range e.hooks.dispatched {
+		h.OnRecordDispatched(it.rec, it.attempts)
+	}
+}
+
+func (e *engine) call(ctx context.Context, r *kgo.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return e.handler.Handle(ctx, r)
+}
+
+func (e *engine) callBatch(ctx context.Context, rs []*kgo.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return e.batch.HandleBatch(ctx, rs)
+}
+
+// observe runs the hooks and logs for a finished attempt, outside the lock,
+// and returns the backoff before the next attempt when it failed.
+func (e *engine) observe(t *task, err error) time.Duration {
+	it := &t.Value
+	if err == nil {
+		if len(e.hooks.done) > 0 {
+			lat := time.Since(it.first)
+			for _, h := range e.hooks.done {
+				h.OnRecordDone(it.rec, it.attempts, lat)
+			}
+		}
+		return 0
+	}
+	backoff := e.backoff(it.attempts)
+	if d, ok := retryAfter(err); ok {
+		backoff = max(d, time.Millisecond)
+	}
+	attrs := []any{"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset,
+		"attempt", it.attempts, "retry_in", backoff, "err", err}
+	if pe, ok := err.(*PanicError); ok {
+		attrs = append(attrs, "stack", string(pe.Stack))
+	}
+	e.log.Warn("kpar: handler failed", attrs...)
+	for _, h := range e.hooks.failed {
+		h.OnAttemptFailed(it.rec, it.attempts, err, backoff)
+	}
+	return backoff
+}
+
+// backoff is full jitter over an exponential capped at retryMax.
+func (e *engine) backoff(attempt int) time.Duration {
+	d := e.cfg.retryMax
+	if attempt < 32 {
+		d = min(e.cfg.retryBase<<(attempt-1), e.cfg.retryMax)
+	}
+	return time.Duration(rand.Int64N(int64(d)) + 1)
+}
+
+// finish records the outcome of one attempt. Called with mu held.
+func (e *engine) finish(t *task, err error, backoff time.Duration) {
+	ps := t.Value.part
+	ps.running--
+	defer func() {
+		if ps.running == 0 && ps.idle != nil {
+			close(ps.idle)
+			ps.idle = nil
+		}
+	}()
+	switch {
+	case ps.status == dropped:
+		return
+	case err == nil:
+		e.complete(t)
+	case ps.status == revoking:
+		// Not retried here: the record stays unfinished, so the revoke
+		// commit stops below it and the next owner handles it.
+	default:
+		e.retryLater(t, backoff)
+	}
+}
+
+// complete marks a record done: its window may move, its lane hands over,
+// its bytes are released. Called with mu held.
+func (e *engine) complete(t *task) {
+	ps := t.Value.part
+	ps.win.Done(t.Value.seq)
+	if next := ps.lanes.Release(t); next != nil {
+		e.ready.Push(next)
+		e.wake(1)
+	}
+	e.release(ps, t)
+	if len(ps.held) > 0 {
+		// Refill in chunks of a quarter window so slabs stay large.
+		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= len(ps.held) {
+			n := min(room, len(ps.held))
+			readyBefore := e.ready.Len()
+			e.push(ps, ps.held[:n])
+			clear(ps.held[:n])
+			ps.held = ps.held[n:]
+			if len(ps.held) == 0 {
+				ps.held = nil
+			}
+			e.wake(e.ready.Len() - readyBefore)
+		}
+	}
+	if ps.paused && len(ps.held) == 0 && ps.win.Len() <= e.low {
+		ps.paused = false
+		e.cl.ResumeFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
+		for _, h := range e.hooks.resumed {
+			h.OnPartitionResumed(ps.topic, ps.partition, ps.win.Len())
+		}
+	}
+}
+
+// release returns a finished record's budget. Called with mu held.
+func (e *engine) release(ps *partState, t *task) {
+	ps.bytes -= t.Value.size
+	e.bytes -= t.Value.size
+	e.pending--
+	t.Value.rec = nil // the slab may outlive the record; let the record go
+	e.budgetFreed()
+}
+
+// budgetFreed wakes the poller or the drain when they wait for it. Called
+// with mu held.
+func (e *engine) budgetFreed() {
+	if e.pollWait && e.bytes < e.cfg.maxBytes {
+		e.pollWait = false
+		select {
+		case e.space <- struct{}{}:
+		default:
+		}
+	}
+	if e.draining && e.pending == 0 && e.drained != nil {
+		close(e.drained)
+		e.drained = nil
+	}
+}
+
+// retryLater re-queues a failed record after backoff. The record keeps its
+// lane meanwhile, so later records of its key (or partition) wait for it;
+// other lanes go on. Called with mu held.
+func (e *engine) retryLater(t *task, backoff time.Duration) {
+	e.timers[t] = time.AfterFunc(backoff, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if _, ok := e.timers[t]; !ok || e.stop {
+			return
+		}
+		delete(e.timers, t)
+		if t.Value.part.status != live {
+			return
+		}
+		e.ready.Push(t)
+		e.wake(1)
+	})
+}
+
+// ---- rebalances ----
+
+func (e *engine) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	e.mu.Lock()
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if old := e.parts[k]; old != nil {
+				e.dropLocked(old)
+			}
+			e.parts[k] = &partState{
+				tp:        k,
+				win:       window.New(e.cfg.windowRecords),
+				committed: -1,
+			}
+		}
+	}
+	e.mu.Unlock()
+	e.log.Info("kpar: partitions assigned", "assigned", assigned)
+	for _, h := range e.hooks.assigned {
+		h.OnPartitionsAssigned(assigned)
+	}
+}
+
+// onRevoked stops dispatching the revoked partitions, waits up to
+// RevokeTimeout for their running records, commits their window starts and
+// drops their state.
+func (e *engine) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	var (
+		revokingParts []*partState
+		idle          []chan struct{}
+	)
+	e.mu.Lock()
+	for topic, ps := range revoked {
+		for _, p := range ps {
+			s := e.parts[tp{topic, p}]
+			if s == nil || s.status != live {
+				continue
+			}
+			s.status = revoking
+			revokingParts = append(revokingParts, s)
+			if s.running > 0 {
+				s.idle = make(chan struct{})
+				idle = append(idle, s.idle)
+			}
+		}
+	}
+	e.mu.Unlock()
+
+	t := time.NewTimer(e.cfg.revokeTimeout)
+	defer t.Stop()
+wait:
+	for _, ch := range idle {
+		select {
+		case <-ch:
+		case <-t.C:
+			e.log.Warn("kpar: revoke timeout passed with records running; committing what finished")
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	if len(revokingParts) == 0 {
+		return
+	}
+	if err := e.commit(ctx, revokingParts); err != nil {
+		e.log.Warn("kpar: commit on revoke failed; the new owner may handle some records again", "err", err)
+	}
+	e.mu.Lock()
+	for _, s := range revokingParts {
+		e.dropLocked(s)
+	}
+	e.mu.Unlock()
+	e.log.Info("kpar: partitions revoked", "revoked", revoked)
+	for _, h := range e.hooks.revoked {
+		h.OnPartitionsRevoked(revoked, false)
+	}
+}
+
+// onLost drops lost partitions without committing: another member may own
+// them already.
+func (e *engine) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	e.mu.Lock()
+	for topic, ps := range lost {
+		for _, p := range ps {
+			if s := e.parts[tp{topic, p}]; s != nil {
+				e.dropLocked(s)
+			}
+		}
+	}
+	e.mu.Unlock()
+	e.log.Warn("kpar: partitions lost", "lost", lost)
+	for _, h := range e.hooks.revoked {
+		h.OnPartitionsRevoked(lost, true)
+	}
+}
+
+// dropLocked releases a partition's state. Its queued records are skipped
+// when popped, its retry timers stopped, and late completions ignored.
+func (e *engine) dropLocked(ps *partState) {
+	if ps.status == dropped {
+		return
+	}
+	ps.status = dropped
+	e.bytes -= ps.bytes
+	e.pending -= ps.win.Pending() + len(ps.held)
+	ps.bytes, ps.held = 0, nil
+	for t, tm := range e.timers {
+		if t.Value.part == ps {
+			tm.Stop()
+			delete(e.timers, t)
+		}
+	}
+	if ps.paused {
+		ps.paused = false
+		e.cl.ResumeFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
+	}
+	if e.parts[ps.tp] == ps {
+		delete(e.parts, ps.tp)
+	}
+	e.budgetFreed()
+}
+
+// ---- committer ----
+
+func (e *engine) committer(ctx context.Context) {
+	t := time.NewTicker(e.cfg.commitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := e.commit(ctx, nil); err != nil && ctx.Err() == nil {
+				e.log.Warn("kpar: commit failed; retrying at the next interval", "err", err)
+			}
+		}
+	}
+}
+
+// commit commits the window start of the given partitions (all live and
+// revoking ones when only is nil) where it moved since the last commit.
+func (e *engine) commit(ctx context.Context, only []*partState) error {
+	type pending struct {
+		ps  *partState
+		off int64
+	}
+	var todo []pending
+	e.mu.Lock()
+	add := func(ps *partState) {
+		if ps.status == dropped {
+			return
+		}
+		if off, ok := ps.win.Start(); ok && off > ps.committed {
+			todo = append(todo, pending{ps, off})
+		}
+	}
+	if only != nil {
+		for _, ps := range only {
+			add(ps)
+		}
+	} else {
+		for _, ps := range e.parts {
+			add(ps)
+		}
+	}
+	e.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+
+	offsets := make(map[string]map[int32]kgo.EpochOffset)
+	asked := make(map[string]map[int32]int64)
+	for _, p := range todo {
+		if offsets[p.ps.topic] == nil {
+			offsets[p.ps.topic] = make(map[int32]kgo.EpochOffset)
+			asked[p.ps.topic] = make(map[int32]int64)
+		}
+		offsets[p.ps.topic][p.ps.partition] = kgo.EpochOffset{Epoch: -1, Offset: p.off}
+		asked[p.ps.topic][p.ps.partition] = p.off
+	}
+	var commitErr error
+	e.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			commitErr = err
+			asked = nil // the request failed: nothing was committed
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+					commitErr = errors.Join(commitErr, fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err))
+					delete(asked[t.Topic], p.Partition)
+				}
+			}
+		}
+	})
+	e.mu.Lock()
+	for _, p := range todo {
+		if off, ok := asked[p.ps.topic][p.ps.partition]; ok && off > p.ps.committed {
+			p.ps.committed = off
+		}
+	}
+	e.mu.Unlock()
+	for _, h := range e.hooks.commit {
+		h.OnCommit(asked, commitErr)
+	}
+	return commitErr
+}
+
+// stats snapshots every partition for Consumer.Partitions.
+func (e *engine) stats() []PartitionStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]PartitionStats, 0, len(e.parts))
+	for _, ps := range e.parts {
+		start, ok := ps.win.Start()
+		if !ok {
+			start = -1
+		}
+		out = append(out, PartitionStats{
+			Topic:     ps.topic,
+			Partition: ps.partition,
+			Start:     start,
+			End:       ps.win.End(),
+			Committed: ps.committed,
+			Buffered:  ps.win.Len(),
+			Held:      len(ps.held),
+			Finished:  ps.win.FinishedAbove(),
+			InFlight:  ps.running,
+			Paused:    ps.paused,
+		})
+	}
+	slices.SortFunc(out, func(a, b PartitionStats) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return int(a.Partition - b.Partition)
+	})
+	return out
+}

@@ -1,0 +1,83 @@
+package kpar
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrRunning is returned by Run when the Consumer is already running: a
+// Consumer owns one group member and its state, so it runs once at a time.
+var ErrRunning = errors.New("kpar: Consumer is already running; call Run once per Consumer, or create another Consumer to add a group member")
+
+// ErrClosed is returned by Run after Close.
+var ErrClosed = errors.New("kpar: Consumer is closed; create a new one to consume again")
+
+// ErrShutdownTimeout is returned by Run when handlers were still running
+// when ShutdownTimeout passed, even after their contexts were cancelled.
+// Their records were not committed and will be delivered again; the
+// goroutines running them are left behind until the handlers return.
+var ErrShutdownTimeout = errors.New("kpar: handlers still running after the shutdown timeout; their records were not committed")
+
+// Permanent marks err as not worth retrying: the record goes straight to the
+// failure path (the dead-letter sink, once configured) without further
+// attempts. Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// IsPermanent reports whether err, or an error it wraps, came from Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// PanicError is the error of an attempt whose handler panicked. The attempt
+// counts as failed and is retried like any other failure.
+type PanicError struct {
+	Value any    // what the handler passed to panic
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("kpar: handler panic: %v", e.Value) }
+
+// Unwrap returns the panic value when it is an error.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// RetryAfter marks err as retryable no sooner than d from now, overriding
+// the computed backoff for that attempt (an HTTP 429 or 503 with a
+// Retry-After header, say). RetryAfter(nil, d) returns nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{err: err, after: d}
+}
+
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// retryAfter returns the delay RetryAfter attached to err, if any.
+func retryAfter(err error) (time.Duration, bool) {
+	var r *retryAfterError
+	if errors.As(err, &r) {
+		return r.after, true
+	}
+	return 0, false
+}

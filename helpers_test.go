@@ -1,0 +1,214 @@
+package kpar
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// newCluster starts an in-process kfake broker with topic (partitions
+// partitions) and short group timeouts, so rebalances take well under a
+// second.
+func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(partitions, topic),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// testOpts are the options every test consumer shares: fast heartbeats
+// and commits, short timeouts.
+func testOpts(c *kfake.Cluster, group, topic string) []Opt {
+	return []Opt{
+		Brokers(c.ListenAddrs()...),
+		Group(group),
+		Topics(topic),
+		CommitInterval(50 * time.Millisecond),
+		RetryBackoff(time.Millisecond, 10*time.Millisecond),
+		ShutdownTimeout(10 * time.Second),
+		ClientOptions(
+			kgo.HeartbeatInterval(100*time.Millisecond),
+			kgo.SessionTimeout(2*time.Second),
+			kgo.RebalanceTimeout(5*time.Second),
+			kgo.FetchMaxWait(100*time.Millisecond),
+		),
+	}
+}
+
+// produced describes one test record: its key index and its sequence number
+// within the key, encoded in the value.
+type produced struct {
+	key int
+	seq int
+}
+
+func encodeValue(key, seq int) []byte {
+	b := make([]byte, 16)
+	binary.BigEndian.PutUint64(b, uint64(key))
+	binary.BigEndian.PutUint64(b[8:], uint64(seq))
+	return b
+}
+
+func decodeValue(b []byte) produced {
+	return produced{key: int(binary.BigEndian.Uint64(b)), seq: int(binary.BigEndian.Uint64(b[8:]))}
+}
+
+// produce writes n records spread over keys keys (key i%keys), each value
+// carrying (key, per-key sequence). Records of one key land in one
+// partition, in production order.
+func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	seqs := make([]int, keys)
+	var (
+		mu    sync.Mutex
+		first error
+	)
+	for i := range n {
+		k := i % keys
+		r := &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", k), Value: encodeValue(k, seqs[k])}
+		seqs[k]++
+		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if first != nil {
+		t.Fatalf("produce: %v", first)
+	}
+}
+
+// offsets returns the group's committed offsets and the topic's high
+// watermarks.
+func offsets(t testing.TB, c *kfake.Cluster, group, topic string) (committed, end map[int32]int64) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	os, err := adm.FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed = map[int32]int64{}
+	os.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == topic {
+			committed[o.Partition] = o.At
+		}
+	})
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end = map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { end[o.Partition] = o.Offset })
+	return committed, end
+}
+
+// runConsumer runs c in the background and returns a stop function that
+// cancels it and returns Run's error.
+func runConsumer(t testing.TB, c *Consumer) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return within 30s of cancel")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// waitFor waits for ch to be closed or fails the test after d.
+func waitFor(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// ledger records which records were handled successfully, and how often.
+type ledger struct {
+	mu      sync.Mutex
+	ok      map[string]int // "p/offset" -> successful handlings
+	target  int
+	done    chan struct{}
+	reached bool
+}
+
+func newLedger(target int) *ledger {
+	return &ledger{ok: make(map[string]int), target: target, done: make(chan struct{})}
+}
+
+// success records a successful handling and returns how often r has been
+// handled successfully before.
+func (l *ledger) success(r *kgo.Record) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
+	before := l.ok[k]
+	l.ok[k]++
+	if !l.reached && len(l.ok) >= l.target {
+		l.reached = true
+		close(l.done)
+	}
+	return before
+}
+
+func (l *ledger) counts() (distinct, duplicates int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.ok {
+		duplicates += n - 1
+	}
+	return len(l.ok), duplicates
+}

@@ -1,0 +1,117 @@
+package kpar
+
+import (
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Hook observes a Consumer. A hook is any value implementing one or more of
+// the HookX interfaces below; WithHooks rejects a value that implements
+// none. Hooks are called synchronously from kpar's goroutines, some while
+// internal locks are held: they must be safe for concurrent use, fast, and
+// must not call back into the Consumer.
+type Hook any
+
+// HookRecordDispatched is called when a worker is about to run the handler
+// on a record; attempt counts from 1.
+type HookRecordDispatched interface {
+	OnRecordDispatched(r *kgo.Record, attempt int)
+}
+
+// HookRecordDone is called when a record was handled successfully, with the
+// attempts it took and the time since its first dispatch.
+type HookRecordDone interface {
+	OnRecordDone(r *kgo.Record, attempts int, latency time.Duration)
+}
+
+// HookAttemptFailed is called when an attempt failed: the handler returned
+// an error or panicked (err is then a *PanicError carrying the stack).
+// retryIn is the backoff before the next attempt.
+type HookAttemptFailed interface {
+	OnAttemptFailed(r *kgo.Record, attempt int, err error, retryIn time.Duration)
+}
+
+// HookCommit is called after each commit with the offsets kpar asked to
+// commit (topic -> partition -> next offset to consume) and the error, if
+// the commit failed.
+type HookCommit interface {
+	OnCommit(offsets map[string]map[int32]int64, err error)
+}
+
+// HookPartitionPaused is called when a partition's window filled and its
+// fetching was paused; buffered is the window's size at that moment.
+type HookPartitionPaused interface {
+	OnPartitionPaused(topic string, partition int32, buffered int)
+}
+
+// HookPartitionResumed is called when a paused partition's window drained
+// below the low mark and fetching resumed.
+type HookPartitionResumed interface {
+	OnPartitionResumed(topic string, partition int32, buffered int)
+}
+
+// HookPartitionsAssigned is called when the group assigns partitions.
+type HookPartitionsAssigned interface {
+	OnPartitionsAssigned(assigned map[string][]int32)
+}
+
+// HookPartitionsRevoked is called after revoked partitions were drained and
+// committed (lost is false), or after lost partitions were dropped without a
+// commit (lost is true).
+type HookPartitionsRevoked interface {
+	OnPartitionsRevoked(revoked map[string][]int32, lost bool)
+}
+
+func isHook(h Hook) bool {
+	switch h.(type) {
+	case HookRecordDispatched, HookRecordDone, HookAttemptFailed, HookCommit,
+		HookPartitionPaused, HookPartitionResumed, HookPartitionsAssigned, HookPartitionsRevoked:
+		return true
+	}
+	return false
+}
+
+// hooks holds each hook list pre-sorted by interface so that the hot path
+// pays one length check when nobody listens.
+type hooks struct {
+	dispatched []HookRecordDispatched
+	done       []HookRecordDone
+	failed     []HookAttemptFailed
+	commit     []HookCommit
+	paused     []HookPartitionPaused
+	resumed    []HookPartitionResumed
+	assigned   []HookPartitionsAssigned
+	revoked    []HookPartitionsRevoked
+}
+
+func newHooks(hs []Hook) hooks {
+	var h hooks
+	for _, x := range hs {
+		if v, ok := x.(HookRecordDispatched); ok {
+			h.dispatched = append(h.dispatched, v)
+		}
+		if v, ok := x.(HookRecordDone); ok {
+			h.done = append(h.done, v)
+		}
+		if v, ok := x.(HookAttemptFailed); ok {
+			h.failed = append(h.failed, v)
+		}
+		if v, ok := x.(HookCommit); ok {
+			h.commit = append(h.commit, v)
+		}
+		if v, ok := x.(HookPartitionPaused); ok {
+			h.paused = append(h.paused, v)
+		}
+		if v, ok := x.(HookPartitionResumed); ok {
+			h.resumed = append(h.resumed, v)
+		}
+		if v, ok := x.(HookPartitionsAssigned); ok {
+			h.assigned = append(h.assigned, v)
+		}
+		if v, ok := x.(HookPartitionsRevoked); ok {
+			h.revoked = append(h.revoked, v)
+		}
+	}
+	return h
+}

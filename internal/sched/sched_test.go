@@ -1,0 +1,93 @@
+package sched
+
+import "testing"
+
+func TestQueueFIFO(t *testing.T) {
+	var q Queue[int]
+	ts := make([]Task[int], 5)
+	for i := range ts {
+		ts[i].Value = i
+		q.Push(&ts[i])
+	}
+	if q.Len() != 5 {
+		t.Fatalf("Len = %d, want 5", q.Len())
+	}
+	for i := range 5 {
+		if got := q.Pop(); got == nil || got.Value != i {
+			t.Fatalf("Pop %d = %v", i, got)
+		}
+	}
+	if q.Pop() != nil || q.Len() != 0 {
+		t.Fatal("queue not empty after popping everything")
+	}
+}
+
+func TestLanesKeepOneInFlightPerKey(t *testing.T) {
+	var l Lanes[int]
+	ts := make([]Task[int], 6)
+	keys := []uint64{1, 2, 1, 1, 2, 3}
+	var ready []int
+	for i := range ts {
+		ts[i].Value = i
+		if l.Admit(&ts[i], keys[i]) {
+			ready = append(ready, i)
+		}
+	}
+	if want := []int{0, 1, 5}; !equal(ready, want) {
+		t.Fatalf("ready after admit = %v, want %v", ready, want)
+	}
+	if l.Busy() != 3 || l.Parked() != 3 {
+		t.Fatalf("Busy, Parked = %d, %d; want 3, 3", l.Busy(), l.Parked())
+	}
+	// Key 1 releases in admission order: 0 -> 2 -> 3.
+	if next := l.Release(&ts[0]); next != &ts[2] {
+		t.Fatalf("Release(0) = %v, want task 2", next)
+	}
+	if next := l.TakeNext(&ts[2]); next != &ts[3] {
+		t.Fatalf("TakeNext(2) = %v, want task 3", next)
+	}
+	if next := l.Release(&ts[3]); next != nil {
+		t.Fatalf("Release(3) = %v, want nil (lane idle)", next)
+	}
+	if next := l.Release(&ts[5]); next != nil {
+		t.Fatalf("Release(5) = %v, want nil", next)
+	}
+	if next := l.Release(&ts[1]); next != &ts[4] {
+		t.Fatalf("Release(1) = %v, want task 4", next)
+	}
+	l.Release(&ts[4])
+	if l.Busy() != 0 {
+		t.Fatalf("Busy = %d after releasing all, want 0", l.Busy())
+	}
+	// A recycled lane starts empty.
+	if !l.Admit(&ts[0], 9) {
+		t.Fatal("Admit on a fresh key after recycling did not report ready")
+	}
+}
+
+func TestLanesSteadyStateDoesNotAllocate(t *testing.T) {
+	var l Lanes[int]
+	ts := make([]Task[int], 2)
+	l.Admit(&ts[0], 1)
+	l.Release(&ts[0])
+	allocs := testing.AllocsPerRun(1000, func() {
+		l.Admit(&ts[0], 7)
+		l.Admit(&ts[1], 7)
+		l.Release(l.Release(&ts[0]))
+	})
+	if allocs != 0 {
+		t.Fatalf("allocs per admit/release cycle = %v, want 0", allocs)
+	}
+}
+
+func equal(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

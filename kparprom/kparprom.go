@@ -1,0 +1,377 @@
+// Package kparprom exports Prometheus metrics for a kpar.Consumer through
+// its hook interface, in the style of franz-go's plugin/kprom.
+//
+// One Metrics observes one Consumer:
+//
+//	m := kparprom.New()
+//	c, err := kpar.New(h,
+//		kpar.WithHooks(m),                      // records, commits, rebalances
+//		kpar.ClientOptions(m.ClientOpts()...),  // client metrics, lag, readiness
+//		...)
+//	m.Registry().MustRegister(m.PartitionCollector(c.Partitions))
+//	http.Handle("/metrics", m.Handler())
+//
+// Counters and the latency histogram are updated by the hooks as records
+// finish. Per-partition gauges (window start, end and size, in flight,
+// paused, committed offset, high watermark, commit lag) are read at scrape
+// time by the collector that PartitionCollector returns, from the
+// Consumer's Partitions snapshot.
+//
+// # Commit lag
+//
+// Commit lag is the partition's high watermark minus the offset committed
+// for it: the records a restart would have to handle again or for the first
+// time. kpar does not see high watermarks (a paused partition fetches
+// nothing, so fetch responses go stale exactly when lag grows), so the
+// collector lists them from the brokers at scrape time with kadm
+// ListEndOffsets, through the Consumer's own client, bounded by
+// EndOffsetsTimeout and reused for a second so that a status page polling
+// every second and a Prometheus scrape share one request. The client is
+// captured by a kgo.HookNewClient in ClientOpts: without ClientOpts there is
+// no lag. Until kpar commits a partition in the current assignment, the
+// group's committed offset as the client fetched it on joining is used.
+//
+// # Readiness
+//
+// Ready reports whether the Consumer is a member of its group: it turns
+// true when an assignment completes, including an empty one (franz-go calls
+// the assignment callback after every join, so a member with no partitions
+// is idle cleanly, and ready), and false when the session is lost or fails
+// (kgo.HookGroupManageError) or the client closes.
+package kparprom
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
+
+	"github.com/kpar/kpar"
+)
+
+var (
+	_ kpar.HookRecordDispatched   = (*Metrics)(nil)
+	_ kpar.HookRecordDone         = (*Metrics)(nil)
+	_ kpar.HookAttemptFailed      = (*Metrics)(nil)
+	_ kpar.HookCommit             = (*Metrics)(nil)
+	_ kpar.HookPartitionPaused    = (*Metrics)(nil)
+	_ kpar.HookPartitionsAssigned = (*Metrics)(nil)
+	_ kpar.HookPartitionsRevoked  = (*Metrics)(nil)
+
+	_ kgo.HookNewClient        = (*clientHooks)(nil)
+	_ kgo.HookClientClosed     = (*clientHooks)(nil)
+	_ kgo.HookGroupManageError = (*clientHooks)(nil)
+)
+
+// Metrics collects a Consumer's metrics. Pass it to kpar.WithHooks, and its
+// ClientOpts to kpar.ClientOptions. Its methods are safe for concurrent use.
+type Metrics struct {
+	cfg   cfg
+	reg   RegistererGatherer
+	kprom *kprom.Metrics
+
+	attempts     *prometheus.CounterVec   // topic
+	retried      *prometheus.CounterVec   // topic
+	handled      *prometheus.CounterVec   // topic
+	failed       *prometheus.CounterVec   // topic, class
+	latency      *prometheus.HistogramVec // topic
+	commits      prometheus.Counter
+	commitErrors prometheus.Counter
+	pauses       *prometheus.CounterVec // topic
+	assigned     *prometheus.CounterVec // topic
+	revoked      *prometheus.CounterVec // topic
+	lost         *prometheus.CounterVec // topic
+	lagErrors    prometheus.Counter
+
+	totals struct{ handled, failed, retried, deadLettered atomic.Int64 }
+
+	ready readiness
+	ends  endOffsets
+	dead  deadLetterRing
+}
+
+// New returns Metrics registered in their registry (see Registry). It
+// panics if the registry already holds metrics of the same names, as
+// prometheus.MustRegister does.
+func New(opts ...Opt) *Metrics {
+	c := defaultCfg()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if c.reg == nil {
+		c.reg = prometheus.NewRegistry()
+	}
+	m := &Metrics{cfg: c, reg: c.reg}
+	m.dead.max = c.recentDeadLetters
+	m.ready.reason = "consumer not started"
+	m.ends.m = m
+
+	ns := c.namespace
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+	}
+	m.attempts = counter("attempts_total", "Handler attempts started (dispatches), first attempts and retries.", "topic")
+	m.retried = counter("records_retried_total", "Handler attempts that retried a record after a failed attempt.", "topic")
+	m.handled = counter("records_handled_total", "Records handled successfully.", "topic")
+	m.failed = counter("attempts_failed_total", "Failed handler attempts, by class: error, panic, timeout (the attempt's deadline passed) or permanent (kpar.Permanent).", "topic", "class")
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Name: "handler_latency_seconds",
+		Help:    "Time from a record's first dispatch to a handler to its successful handling; for a record that succeeded at once this is the handler's run time, otherwise it includes failed attempts and backoff.",
+		Buckets: c.latencyBuckets,
+	}, []string{"topic"})
+	m.commits = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "commits_total", Help: "Offset commits kpar attempted."})
+	m.commitErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "commit_errors_total", Help: "Offset commits that failed in whole or in part (not counting one cancelled by shutdown)."})
+	m.pauses = counter("partition_pauses_total", "Times a partition's fetching was paused because its window filled.", "topic")
+	m.assigned = counter("partitions_assigned_total", "Partitions assigned to this member.", "topic")
+	m.revoked = counter("partitions_revoked_total", "Partitions revoked from this member after draining and committing them.", "topic")
+	m.lost = counter("partitions_lost_total", "Partitions lost by this member (dropped without a commit).", "topic")
+	m.lagErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "high_watermark_errors_total", Help: "Failed listings of high watermarks; commit lag keeps the last watermarks known."})
+	readyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "ready", Help: "1 while the consumer is a member of its group (with partitions or idle), else 0."},
+		func() float64 {
+			if ok, _ := m.Ready(); ok {
+				return 1
+			}
+			return 0
+		})
+	c.reg.MustRegister(m.attempts, m.retried, m.handled, m.failed, m.latency, m.commits, m.commitErrors,
+		m.pauses, m.assigned, m.revoked, m.lost, m.lagErrors, readyGauge)
+
+	kopts := append([]kprom.Opt{kprom.Registry(c.reg), kprom.Subsystem("client")}, c.clientOpts...)
+	m.kprom = kprom.NewMetrics(ns, kopts...)
+	return m
+}
+
+// Registry returns the registry the metrics are in, to add collectors to
+// (such as PartitionCollector's) or to gather from.
+func (m *Metrics) Registry() RegistererGatherer { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Timeout: 10 * time.Second, ErrorHandling: promhttp.ContinueOnError})
+}
+
+// ClientOpts returns the franz-go options to give the Consumer's client
+// through kpar.ClientOptions: hooks for franz-go's kprom metrics
+// (<namespace>_client_*), for the client that lists high watermarks (commit
+// lag), and for group errors (readiness). Give them to one Consumer only:
+// kprom registers the client's metrics once per Metrics.
+func (m *Metrics) ClientOpts() []kgo.Opt {
+	return []kgo.Opt{kgo.WithHooks(m.kprom, &clientHooks{m})}
+}
+
+// Totals counts what the hooks saw since New.
+type Totals struct {
+	Handled      int64 `json:"handled"`       // records handled successfully
+	Failed       int64 `json:"failed"`        // failed attempts
+	Retried      int64 `json:"retried"`       // attempts that retried a record
+	DeadLettered int64 `json:"dead_lettered"` // records sent to the dead-letter sink
+}
+
+// Totals returns the counts over every topic, for status pages.
+func (m *Metrics) Totals() Totals {
+	return Totals{
+		Handled:      m.totals.handled.Load(),
+		Failed:       m.totals.failed.Load(),
+		Retried:      m.totals.retried.Load(),
+		DeadLettered: m.totals.deadLettered.Load(),
+	}
+}
+
+// OnRecordDispatched implements kpar.HookRecordDispatched.
+func (m *Metrics) OnRecordDispatched(r *kgo.Record, attempt int) {
+	m.attempts.WithLabelValues(r.Topic).Inc()
+	if attempt > 1 {
+		m.retried.WithLabelValues(r.Topic).Inc()
+		m.totals.retried.Add(1)
+	}
+}
+
+// OnRecordDone implements kpar.HookRecordDone.
+func (m *Metrics) OnRecordDone(r *kgo.Record, _ int, latency time.Duration) {
+	m.handled.WithLabelValues(r.Topic).Inc()
+	m.latency.WithLabelValues(r.Topic).Observe(latency.Seconds())
+	m.totals.handled.Add(1)
+}
+
+// OnAttemptFailed implements kpar.HookAttemptFailed.
+func (m *Metrics) OnAttemptFailed(r *kgo.Record, _ int, err error, _ time.Duration) {
+	m.failed.WithLabelValues(r.Topic, failureClass(err)).Inc()
+	m.totals.failed.Add(1)
+}
+
+// failureClass names why an attempt failed, with the class names of the
+// dead-letter headers.
+func failureClass(err error) string {
+	var pe *kpar.PanicError
+	switch {
+	case errors.As(err, &pe):
+		return "panic"
+	case kpar.IsPermanent(err):
+		return "permanent"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return "error"
+}
+
+// OnCommit implements kpar.HookCommit. An interval commit cancelled by
+// shutdown is not counted as an error: the final commit follows it.
+func (m *Metrics) OnCommit(_ map[string]map[int32]int64, err error) {
+	m.commits.Inc()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		m.commitErrors.Inc()
+	}
+}
+
+// OnPartitionPaused implements kpar.HookPartitionPaused.
+func (m *Metrics) OnPartitionPaused(topic string, _ int32, _ int) {
+	m.pauses.WithLabelValues(topic).Inc()
+}
+
+// OnPartitionsAssigned implements kpar.HookPartitionsAssigned.
+func (m *Metrics) OnPartitionsAssigned(assigned map[string][]int32) {
+	for topic, ps := range assigned {
+		m.assigned.WithLabelValues(topic).Add(float64(len(ps)))
+	}
+	m.ready.assign(assigned)
+}
+
+// OnPartitionsRevoked implements kpar.HookPartitionsRevoked.
+func (m *Metrics) OnPartitionsRevoked(revoked map[string][]int32, lost bool) {
+	c := m.revoked
+	if lost {
+		c = m.lost
+	}
+	for topic, ps := range revoked {
+		c.WithLabelValues(topic).Add(float64(len(ps)))
+	}
+	m.ready.revoke(revoked, lost)
+}
+
+// clientHooks are the franz-go hooks of ClientOpts, kept off Metrics so
+// that Metrics is not mistaken for a kgo hook.
+type clientHooks struct{ m *Metrics }
+
+// OnNewClient captures the Consumer's client. kpar also builds a
+// throwaway client from ClientOptions to validate them; it has no group and
+// is ignored.
+func (h *clientHooks) OnNewClient(cl *kgo.Client) {
+	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	if group == "" {
+		return
+	}
+	h.m.ends.setClient(cl)
+	h.m.ready.joining(group)
+}
+
+// OnClientClosed forgets the Consumer's client when Run ends.
+func (h *clientHooks) OnClientClosed(cl *kgo.Client) {
+	if h.m.ends.clearClient(cl) {
+		h.m.ready.stopped()
+	}
+}
+
+// OnGroupManageError marks the member not ready until it rejoins.
+func (h *clientHooks) OnGroupManageError(err error) { h.m.ready.failed(err) }
+
+// readiness tracks group membership from the hooks.
+type readiness struct {
+	mu       sync.Mutex // guards the fields below
+	joined   bool
+	group    string
+	assigned map[string]map[int32]struct{}
+	reason   string // why not ready, when !joined
+}
+
+func (r *readiness) joining(group string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.group, r.joined, r.assigned = group, false, nil
+	r.reason = "joining group " + group
+}
+
+func (r *readiness) assign(assigned map[string][]int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.joined = true
+	if r.assigned == nil {
+		r.assigned = make(map[string]map[int32]struct{})
+	}
+	for topic, ps := range assigned {
+		if r.assigned[topic] == nil {
+			r.assigned[topic] = make(map[int32]struct{})
+		}
+		for _, p := range ps {
+			r.assigned[topic][p] = struct{}{}
+		}
+	}
+}
+
+func (r *readiness) revoke(revoked map[string][]int32, lost bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for topic, ps := range revoked {
+		for _, p := range ps {
+			delete(r.assigned[topic], p)
+		}
+		if len(r.assigned[topic]) == 0 {
+			delete(r.assigned, topic)
+		}
+	}
+	if lost {
+		r.joined = false
+		r.reason = "partitions lost; rejoining the group"
+	}
+}
+
+func (r *readiness) failed(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.joined, r.assigned = false, nil
+	r.reason = "group error: " + err.Error()
+}
+
+func (r *readiness) stopped() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.joined, r.assigned = false, nil
+	r.reason = "consumer stopped"
+}
+
+// Ready reports whether the Consumer is a member of its group, with
+// partitions or idle, and says why in a short sentence: "3 partitions
+// assigned", "joined, no partitions assigned (idle)", "joining group g",
+// "group error: ...", "consumer stopped".
+func (m *Metrics) Ready() (bool, string) {
+	r := &m.ready
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.joined {
+		return false, r.reason
+	}
+	n := 0
+	for _, ps := range r.assigned {
+		n += len(ps)
+	}
+	in := ""
+	if r.group != "" {
+		in = " in group " + r.group
+	}
+	switch n {
+	case 0:
+		return true, "joined" + in + ", no partitions assigned (idle)"
+	case 1:
+		return true, "1 partition assigned" + in
+	}
+	return true, strconv.Itoa(n) + " partitions assigned" + in
+}

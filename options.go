@@ -1,0 +1,304 @@
+package kpar
+
+import (
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/deadletter"
+)
+
+// Ordering says which records may be handled at the same time.
+type Ordering int
+
+const (
+	// Key handles records of one partition and one key in offset order, one
+	// at a time; records of other keys proceed in parallel. Records with a
+	// nil key carry no ordering and are handled as in Unordered. This is the
+	// default.
+	Key Ordering = iota
+	// Partition handles the records of a partition one at a time, in offset
+	// order: the classic consumer, with partitions in parallel.
+	Partition
+	// Unordered handles any record at any time, bounded by Concurrency.
+	Unordered
+)
+
+func (o Ordering) String() string {
+	switch o {
+	case Key:
+		return "key"
+	case Partition:
+		return "partition"
+	case Unordered:
+		return "unordered"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
+// ParseOrdering parses "key", "partition" or "unordered".
+func ParseOrdering(s string) (Ordering, error) {
+	switch s {
+	case "key":
+		return Key, nil
+	case "partition":
+		return Partition, nil
+	case "unordered":
+		return Unordered, nil
+	}
+	return 0, fmt.Errorf("kpar: unknown ordering %q: use key, partition or unordered", s)
+}
+
+// Opt configures a Consumer. Options are applied in order; later ones win.
+type Opt interface{ apply(*cfg) }
+
+type opt func(*cfg)
+
+func (o opt) apply(c *cfg) { o(c) }
+
+type cfg struct {
+	brokers    []string
+	clientOpts []kgo.Opt
+	group      string
+	topics     []string
+	regex      bool
+
+	concurrency     int
+	ordering        Ordering
+	batchSize       int
+	windowRecords   int
+	maxBytes        int64
+	commitInterval  time.Duration
+	shutdownTimeout time.Duration
+	revokeTimeout   time.Duration
+	retryBase       time.Duration
+	retryMax        time.Duration
+
+	maxAttempts    int
+	attemptTimeout time.Duration
+	stuckAfter     time.Duration
+	deadLetters    deadletter.Sink
+	retryTopics    []time.Duration
+
+	logger *slog.Logger
+	hooks  []Hook
+
+	batch bool // set by NewBatch
+}
+
+func defaultCfg() cfg {
+	return cfg{
+		concurrency:     64,
+		ordering:        Key,
+		batchSize:       1,
+		windowRecords:   1000,
+		maxBytes:        64 << 20,
+		commitInterval:  time.Second,
+		shutdownTimeout: 30 * time.Second,
+		revokeTimeout:   10 * time.Second,
+		retryBase:       100 * time.Millisecond,
+		retryMax:        10 * time.Second,
+		maxAttempts:     3,
+		attemptTimeout:  30 * time.Second,
+		logger:          slog.New(slog.DiscardHandler),
+	}
+}
+
+// Brokers sets the seed brokers ("host:port"). Either Brokers or a
+// ClientOptions carrying kgo.SeedBrokers is required, not both.
+func Brokers(addrs ...string) Opt {
+	return opt(func(c *cfg) { c.brokers = append(c.brokers, addrs...) })
+}
+
+// ClientOptions adds franz-go client options: TLS, SASL, client ID, fetch
+// sizes, kgo.SeedBrokers and so on. kpar owns the group options (group,
+// topics, balancer, commits, rebalance callbacks); setting them here is an
+// error from New.
+func ClientOptions(opts ...kgo.Opt) Opt {
+	return opt(func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) })
+}
+
+// Group sets the consumer group. Required.
+func Group(name string) Opt { return opt(func(c *cfg) { c.group = name }) }
+
+// Topics sets the topics to consume. Required.
+func Topics(topics ...string) Opt {
+	return opt(func(c *cfg) { c.topics = append(c.topics, topics...) })
+}
+
+// TopicRegex makes the names given to Topics regular expressions: every
+// matching topic is consumed, including ones created later.
+func TopicRegex() Opt { return opt(func(c *cfg) { c.regex = true }) }
+
+// Concurrency sets how many records (or batches) are handled at once,
+// overriding the default 64. It is the size of the worker pool.
+func Concurrency(n int) Opt { return opt(func(c *cfg) { c.concurrency = n }) }
+
+// WithOrdering sets the ordering mode, overriding the default Key.
+func WithOrdering(o Ordering) Opt { return opt(func(c *cfg) { c.ordering = o }) }
+
+// BatchSize sets the most records a BatchHandler receives at once,
+// overriding the default 100 for NewBatch. A batch holds records of one
+// partition (and, in Key mode, of one key), in offset order.
+func BatchSize(n int) Opt { return opt(func(c *cfg) { c.batchSize = n }) }
+
+// WindowRecords bounds each partition's window: the records from the
+// lowest unfinished offset through the newest fetched one, overriding the
+// default 1000. A partition whose window is full is paused until it drains
+// to half. It also bounds the duplicates a crash can cause per partition.
+func WindowRecords(n int) Opt { return opt(func(c *cfg) { c.windowRecords = n }) }
+
+// MaxBufferedBytes bounds the key, value and header bytes of all records
+// held across partitions, overriding the default 64 MiB. Fetching stops
+// while the bound is reached.
+func MaxBufferedBytes(n int64) Opt { return opt(func(c *cfg) { c.maxBytes = n }) }
+
+// CommitInterval sets how often window starts are committed, overriding the
+// default 1s. kpar also commits on revoke and on shutdown.
+func CommitInterval(d time.Duration) Opt { return opt(func(c *cfg) { c.commitInterval = d }) }
+
+// ShutdownTimeout bounds how long Run drains buffered and in-flight records
+// after its context is cancelled, overriding the default 30s. Past it,
+// handler contexts are cancelled and what finished is committed.
+func ShutdownTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.shutdownTimeout = d }) }
+
+// RevokeTimeout bounds how long a rebalance waits for the in-flight records
+// of revoked partitions before committing them, overriding the default 10s.
+// Keep it below the group's rebalance timeout.
+func RevokeTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.revokeTimeout = d }) }
+
+// RetryBackoff sets the exponential backoff between attempts of a failed
+// record: full jitter over base*2^(attempt-1), capped at max, overriding
+// the defaults 100ms and 10s.
+func RetryBackoff(base, max time.Duration) Opt {
+	return opt(func(c *cfg) { c.retryBase, c.retryMax = base, max })
+}
+
+// MaxAttempts sets how many times a record is tried locally before it goes
+// to the next retry topic or the dead-letter sink, overriding the default 3.
+// Without a dead-letter sink and retry topics, a record whose attempts are
+// exhausted keeps being retried (at the capped backoff): kpar never skips a
+// record it could not put somewhere durable.
+func MaxAttempts(n int) Opt { return opt(func(c *cfg) { c.maxAttempts = n }) }
+
+// AttemptTimeout bounds one handler attempt, overriding the default 30s.
+// Past it the attempt's context is cancelled and the attempt counts as
+// failed (class timeout); a handler that ignores its context keeps its
+// worker until it returns.
+func AttemptTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.attemptTimeout = d }) }
+
+// StuckAfter sets how long a partition's window start may stay on one
+// unfinished record before kpar reports it (log and HookRecordStuck),
+// overriding the default of twice AttemptTimeout.
+func StuckAfter(d time.Duration) Opt { return opt(func(c *cfg) { c.stuckAfter = d }) }
+
+// DeadLetters sets the sink that receives records kpar gives up on: a
+// Permanent error, or attempts exhausted on the last retry topic. A record
+// is finished (committable) only once the sink acknowledged it; while the
+// sink fails, the record stays unfinished and its window start holds.
+// Default: none (records are retried until they succeed).
+func DeadLetters(s deadletter.Sink) Opt { return opt(func(c *cfg) { c.deadLetters = s }) }
+
+// RetryTopics enables non-blocking retries through topics: a record whose
+// local attempts are exhausted is produced to <topic>.retry.<n> (n from 1)
+// with a due time delays[n-1] later, and consumed by the same Consumer no
+// earlier than that, without holding back its original partition. After the
+// last retry topic comes the dead-letter sink. Default: none.
+func RetryTopics(delays ...time.Duration) Opt {
+	return opt(func(c *cfg) { c.retryTopics = append([]time.Duration(nil), delays...) })
+}
+
+// WithLogger sets the logger, overriding the default that discards.
+func WithLogger(l *slog.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) }
+
+// WithHooks adds hooks; see Hook. Each must implement at least one HookX
+// interface.
+func WithHooks(hooks ...Hook) Opt { return opt(func(c *cfg) { c.hooks = append(c.hooks, hooks...) }) }
+
+func (c *cfg) validate() error {
+	switch {
+	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
+		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
+	case c.group == "":
+		return fmt.Errorf("kpar: no group: set Group(name)")
+	case len(c.topics) == 0:
+		return fmt.Errorf("kpar: no topics: set Topics(names...)")
+	case c.concurrency < 1 || c.concurrency > 1<<16:
+		return fmt.Errorf("kpar: Concurrency(%d) out of range: want 1 to 65536", c.concurrency)
+	case c.ordering < Key || c.ordering > Unordered:
+		return fmt.Errorf("kpar: WithOrdering(%d) unknown: want Key, Partition or Unordered", int(c.ordering))
+	case c.batchSize < 1:
+		return fmt.Errorf("kpar: BatchSize(%d) out of range: want 1 or more", c.batchSize)
+	case c.windowRecords < 4 || c.windowRecords > 1<<24:
+		return fmt.Errorf("kpar: WindowRecords(%d) out of range: want 4 to 16777216", c.windowRecords)
+	case c.windowRecords < c.batchSize:
+		return fmt.Errorf("kpar: WindowRecords(%d) is smaller than BatchSize(%d): a batch must fit in the window", c.windowRecords, c.batchSize)
+	case c.maxBytes < 1<<10:
+		return fmt.Errorf("kpar: MaxBufferedBytes(%d) out of range: want 1024 or more", c.maxBytes)
+	case c.commitInterval <= 0:
+		return fmt.Errorf("kpar: CommitInterval(%v) out of range: want more than 0", c.commitInterval)
+	case c.shutdownTimeout <= 0:
+		return fmt.Errorf("kpar: ShutdownTimeout(%v) out of range: want more than 0", c.shutdownTimeout)
+	case c.revokeTimeout <= 0:
+		return fmt.Errorf("kpar: RevokeTimeout(%v) out of range: want more than 0", c.revokeTimeout)
+	case c.retryBase <= 0 || c.retryMax < c.retryBase:
+		return fmt.Errorf("kpar: RetryBackoff(%v, %v) out of range: want 0 < base <= max", c.retryBase, c.retryMax)
+	case c.maxAttempts < 1:
+		return fmt.Errorf("kpar: MaxAttempts(%d) out of range: want 1 or more", c.maxAttempts)
+	case c.attemptTimeout <= 0:
+		return fmt.Errorf("kpar: AttemptTimeout(%v) out of range: want more than 0", c.attemptTimeout)
+	case c.stuckAfter < 0:
+		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want more than 0", c.stuckAfter)
+	case c.logger == nil:
+		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
+	}
+	if c.regex {
+		for _, t := range c.topics {
+			if _, err := regexp.Compile(t); err != nil {
+				return fmt.Errorf("kpar: Topics(%q) with TopicRegex: %v", t, err)
+			}
+		}
+	}
+	for i, d := range c.retryTopics {
+		if d <= 0 {
+			return fmt.Errorf("kpar: RetryTopics delay %d is %v: want more than 0", i+1, d)
+		}
+	}
+	for i, h := range c.hooks {
+		if !isHook(h) {
+			return fmt.Errorf("kpar: WithHooks: hook %d (%T) implements no HookX interface", i, h)
+		}
+	}
+	return c.validateClientOpts()
+}
+
+// validateClientOpts builds (without connecting) a client from the user's
+// options to reject those kpar must own.
+func (c *cfg) validateClientOpts() error {
+	if len(c.clientOpts) == 0 {
+		return nil
+	}
+	cl, err := kgo.NewClient(c.clientOpts...)
+	if err != nil {
+		return fmt.Errorf("kpar: ClientOptions: %w", err)
+	}
+	defer cl.Close()
+	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
+		return fmt.Errorf("kpar: ClientOptions sets kgo.ConsumerGroup: use kpar.Group instead")
+	}
+	if ts, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(ts) > 0 {
+		return fmt.Errorf("kpar: ClientOptions sets kgo.ConsumeTopics: use kpar.Topics instead")
+	}
+	seeds, _ := cl.OptValue(kgo.SeedBrokers).([]string)
+	defaultSeeds := len(seeds) == 1 && seeds[0] == "127.0.0.1"
+	switch {
+	case len(c.brokers) > 0 && !defaultSeeds:
+		return fmt.Errorf("kpar: both Brokers and ClientOptions(kgo.SeedBrokers) given: keep one")
+	case len(c.brokers) == 0 && defaultSeeds:
+		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
+	}
+	return nil
+}

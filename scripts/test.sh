@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# scripts/test.sh — the one test command (README, .ci/run).
+# Installs what the tests need when it is missing (kcat, PostgreSQL),
+# starts a PostgreSQL server on 127.0.0.1 for the dead-letter tests, then
+# runs `go test -race ./...` with any extra arguments passed through.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v kcat >/dev/null 2>&1 || need+=(kcat)
+ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing ${need[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "test.sh: missing ${need[*]}; tests that need them will skip" >&2
+  fi
+fi
+
+# PostgreSQL: use KPAR_TEST_POSTGRES when the caller set it, else start a
+# throwaway server owned by this run on 127.0.0.1:55432.
+if [ -z "${KPAR_TEST_POSTGRES:-}" ] && ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+  pgbin=$(dirname "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -1)")
+  pgdir=$(mktemp -d /tmp/kpar-pg.XXXXXX)
+  run_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+  [ "$(id -u)" = 0 ] && chown postgres "$pgdir"
+  if run_pg "$pgbin/initdb" -D "$pgdir/data" -U kpar --auth=trust >/dev/null &&
+     run_pg "$pgbin/pg_ctl" -D "$pgdir/data" -l "$pgdir/log" -w \
+       -o "-h 127.0.0.1 -p 55432 -k $pgdir" start >/dev/null; then
+    trap 'run_pg "$pgbin/pg_ctl" -D "$pgdir/data" -m fast stop >/dev/null 2>&1; rm -rf "$pgdir"' EXIT
+    export KPAR_TEST_POSTGRES="postgres://kpar@127.0.0.1:55432/postgres?sslmode=disable"
+  else
+    echo "test.sh: could not start PostgreSQL (see $pgdir/log); PostgreSQL tests will skip" >&2
+  fi
+fi
+
+go test -race -timeout 15m "$@" ./...
