@@ -136,6 +136,19 @@ func (c *Consumer) Close() {
 	}
 }
 
+// Overdue returns how many handler attempts were running past their
+// AttemptTimeout at the last check: handlers that ignore their context keep
+// their worker busy, and kpar does not start replacements.
+func (c *Consumer) Overdue() int {
+	c.mu.Lock()
+	e := c.eng
+	c.mu.Unlock()
+	if e == nil {
+		return 0
+	}
+	return int(e.overdue.Load())
+}
+
 // PartitionStats is a snapshot of one assigned partition's window.
 type PartitionStats struct {
 	Topic     string

@@ -11,12 +11,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/internal/sched"
 	"github.com/kpar/kpar/internal/window"
 )
@@ -42,7 +44,33 @@ type item struct {
 	size     int64
 	attempts int
 	first    time.Time // first dispatch, for latency
+
+	// Failure history, set under mu by fail.
+	firstFailure time.Time
+	lastFailure  time.Time
+	lastErr      error
+	class        deadletter.Class
+	warnedNoSink bool
+
+	// Records consumed from a retry topic: the level n of <topic>.retry.<n>,
+	// when they are due, the attempts before this level, and the original
+	// record the handler sees.
+	level         int
+	due           time.Time
+	priorAttempts int
+	origin        *kgo.Record
 }
+
+// original is the record as the handler sees it: for a record from a retry
+// topic, the original topic, partition, offset and headers.
+func (it *item) original() *kgo.Record {
+	if it.origin != nil {
+		return it.origin
+	}
+	return it.rec
+}
+
+func (it *item) totalAttempts() int { return it.priorAttempts + it.attempts }
 
 type task = sched.Task[item]
 
@@ -63,6 +91,7 @@ const (
 type partState struct {
 	tp
 	status  partStatus
+	level   int // n when this is retry topic n, else 0
 	win     *window.Window
 	lanes   sched.Lanes[item]
 	bytes   int64 // key+value+header bytes of unfinished records
@@ -74,17 +103,26 @@ type partState struct {
 	held      []*kgo.Record
 	committed int64         // last committed offset, -1 for none
 	idle      chan struct{} // closed when running drops to 0 while revoking
+
+	// Stuck detection, sampled by the watchdog.
+	stuckOffset   int64
+	stuckSince    time.Time
+	stuckReported bool
 }
 
 // engine is one Run: the client, the poller, the workers and the committer.
 type engine struct {
-	cfg     *cfg
-	handler Handler
-	batch   BatchHandler
-	hooks   *hooks
-	log     *slog.Logger
-	seed    maphash.Seed
-	low     int // window size at or below which a paused partition resumes
+	cfg        *cfg
+	handler    Handler
+	batch      BatchHandler
+	hooks      *hooks
+	log        *slog.Logger
+	seed       maphash.Seed
+	low        int // window size at or below which a paused partition resumes
+	stuckAfter time.Duration
+
+	slots   attemptSlots // each worker's running attempt, for the watchdog
+	overdue atomic.Int64 // attempts running past their deadline at the last scan
 
 	cl *kgo.Client // set once in run before any goroutine starts
 
@@ -101,6 +139,10 @@ type engine struct {
 	// below MaxBufferedBytes; space wakes it.
 	pollWait bool
 	space    chan struct{}
+	// exiled records wait for the exile writer (retry topic or dead-letter
+	// sink); exileWake nudges it.
+	exiled    []*task
+	exileWake chan struct{}
 	// drained is closed when pending reaches 0 after draining began.
 	draining bool
 	drained  chan struct{}
@@ -117,6 +159,13 @@ func newEngine(c *Consumer) *engine {
 		parts:   make(map[tp]*partState),
 		timers:  make(map[*task]*time.Timer),
 		space:   make(chan struct{}, 1),
+		slots:   make(attemptSlots, c.cfg.concurrency),
+
+		exileWake:  make(chan struct{}, 1),
+		stuckAfter: c.cfg.stuckAfter,
+	}
+	if e.stuckAfter == 0 {
+		e.stuckAfter = 2 * c.cfg.attemptTimeout
 	}
 	e.low = c.cfg.windowRecords / 2
 	e.cond.L = &e.mu
@@ -137,7 +186,7 @@ func (e *engine) clientOpts() []kgo.Opt {
 	}
 	opts = append(opts,
 		kgo.ConsumerGroup(e.cfg.group),
-		kgo.ConsumeTopics(e.cfg.topics...),
+		kgo.ConsumeTopics(e.consumedTopics()...),
 		kgo.DisableAutoCommit(),
 		kgo.OnPartitionsAssigned(e.onAssigned),
 		kgo.OnPartitionsRevoked(e.onRevoked),
@@ -161,13 +210,20 @@ func (e *engine) run(ctx context.Context) error {
 	hctx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardStop()
 
+	e.createRetryTopics(ctx)
+
 	var workers sync.WaitGroup
-	for range e.cfg.concurrency {
-		workers.Go(func() { e.worker(hctx) })
+	for i := range e.cfg.concurrency {
+		workers.Go(func() { e.worker(hctx, i) })
+	}
+	var exiles sync.WaitGroup
+	if e.cfg.deadLetters != nil || len(e.cfg.retryTopics) > 0 {
+		exiles.Go(func() { e.exileWriter(hctx) })
 	}
 	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
 	var committer sync.WaitGroup
 	committer.Go(func() { e.committer(commitCtx) })
+	committer.Go(func() { e.watchdog(commitCtx, hctx.Done()) })
 
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	pollDone := make(chan error, 1)
@@ -199,6 +255,8 @@ func (e *engine) run(ctx context.Context) error {
 	if !waitTimeout(&workers, e.cfg.shutdownTimeout) {
 		runErr = errors.Join(runErr, ErrShutdownTimeout)
 	}
+	hardStop() // stops the exile writer, which may be retrying a failing sink
+	exiles.Wait()
 
 	stopCommitter()
 	committer.Wait()
@@ -382,6 +440,9 @@ func (e *engine) push(ps *partState, recs []*kgo.Record) {
 	for i, r := range recs {
 		t := &slab[i]
 		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
+		if ps.level > 0 {
+			decodeRetry(&t.Value, ps.level)
+		}
 		e.schedule(t)
 	}
 }
@@ -389,6 +450,12 @@ func (e *engine) push(ps *partState, recs []*kgo.Record) {
 // schedule makes t ready, or parks it behind its key or partition.
 func (e *engine) schedule(t *task) {
 	ps := t.Value.part
+	if ps.level > 0 {
+		// Retry topics are unordered: a retried record already left its
+		// place in the original order.
+		e.ready.Push(t)
+		return
+	}
 	switch e.cfg.ordering {
 	case Partition:
 		if !ps.lanes.Admit(t, 0) {
@@ -411,7 +478,7 @@ func (e *engine) wake(n int) {
 
 // ---- workers ----
 
-func (e *engine) worker(ctx context.Context) {
+func (e *engine) worker(ctx context.Context, slot int) {
 	var (
 		batch []*task
 		recs  []*kgo.Record
@@ -441,9 +508,9 @@ func (e *engine) worker(ctx context.Context) {
 		// Both return with mu held, so the last finish and the next take
 		// share one lock round trip.
 		if e.batch != nil {
-			e.runBatch(ctx, batch, &recs)
+			e.runBatch(ctx, slot, batch, &recs)
 		} else {
-			perRecord = e.runEach(ctx, batch, perRecord)
+			perRecord = e.runEach(ctx, slot, batch, perRecord)
 		}
 	}
 }
@@ -452,14 +519,22 @@ func (e *engine) worker(ctx context.Context) {
 // soon as its handler returns, so a slow record never holds back the
 // completion of a fast one taken with it. It returns the updated estimate of
 // the handler's time per record.
-func (e *engine) runEach(ctx context.Context, batch []*task, perRecord time.Duration) time.Duration {
+func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord time.Duration) time.Duration {
 	start := time.Now()
+	now := start
 	for i, t := range batch {
-		e.dispatched(t, start)
-		err := e.call(ctx, t.Value.rec)
+		if i > 0 {
+			now = time.Now()
+		}
+		e.dispatched(t, now)
+		actx := &attemptCtx{Context: ctx, deadline: now.Add(e.cfg.attemptTimeout), task: t}
+		e.slots[slot].Store(actx)
+		err := e.call(actx, t.Value.original())
+		e.slots[slot].Store(nil)
+		timedOut := err != nil && actx.timedOut()
 		backoff := e.observe(t, err)
 		e.mu.Lock()
-		e.finish(t, err, backoff)
+		e.finish(t, err, timedOut, backoff, now)
 		batch[i] = nil
 		if i < len(batch)-1 {
 			e.mu.Unlock()
@@ -474,21 +549,26 @@ func (e *engine) runEach(ctx context.Context, batch []*task, perRecord time.Dura
 
 // runBatch runs the batch handler once on every taken record and returns
 // with mu held.
-func (e *engine) runBatch(ctx context.Context, batch []*task, recs *[]*kgo.Record) {
+func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]*kgo.Record) {
 	start := time.Now()
 	*recs = (*recs)[:0]
 	for _, t := range batch {
 		e.dispatched(t, start)
-		*recs = append(*recs, t.Value.rec)
+		*recs = append(*recs, t.Value.original())
 	}
-	err := e.callBatch(ctx, *recs)
+	actx := &attemptCtx{Context: ctx, deadline: start.Add(e.cfg.attemptTimeout), task: batch[0]}
+	e.slots[slot].Store(actx)
+	err := e.callBatch(actx, *recs)
+	e.slots[slot].Store(nil)
+	timedOut := err != nil && actx.timedOut()
 	backoffs := make([]time.Duration, len(batch))
 	for i, t := range batch {
 		backoffs[i] = e.observe(t, err)
 	}
+	now := time.Now()
 	e.mu.Lock()
 	for i, t := range batch {
-		e.finish(t, err, backoffs[i])
+		e.finish(t, err, timedOut, backoffs[i], now)
 		batch[i] = nil
 	}
 	clear(*recs)
@@ -511,6 +591,14 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 		ps := t.Value.part
 		if ps.status != live {
 			continue // revoked: its new owner handles it
+		}
+		if ps.level > 0 {
+			if wait := time.Until(t.Value.due); wait > 0 {
+				// Not due yet: wait on a timer, not on a worker. The
+				// retry partition's window fills and pauses meanwhile.
+				e.retryLater(t, wait)
+				continue
+			}
 		}
 		ps.running++
 		batch = append(batch, t)
@@ -545,7 +633,7 @@ func (e *engine) fillBatch(batch []*task, first *task) []*task {
 }
 
 func isLaned(o Ordering, t *task) bool {
-	return o == Partition || (o == Key && t.Value.rec.Key != nil)
+	return t.Value.level == 0 && (o == Partition || (o == Key && t.Value.rec.Key != nil))
 }
 
 func (e *engine) dispatched(t *task, now time.Time) {
@@ -555,7 +643,7 @@ func (e *engine) dispatched(t *task, now time.Time) {
 		it.first = now
 	}
 	for _, h := range e.hooks.dispatched {
-		h.OnRecordDispatched(it.rec, it.attempts)
+		h.OnRecordDispatched(it.original(), it.attempts)
 	}
 }
 
@@ -585,7 +673,7 @@ func (e *engine) observe(t *task, err error) time.Duration {
 		if len(e.hooks.done) > 0 {
 			lat := time.Since(it.first)
 			for _, h := range e.hooks.done {
-				h.OnRecordDone(it.rec, it.attempts, lat)
+				h.OnRecordDone(it.original(), it.totalAttempts(), lat)
 			}
 		}
 		return 0
@@ -594,14 +682,15 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	if d, ok := retryAfter(err); ok {
 		backoff = max(d, time.Millisecond)
 	}
-	attrs := []any{"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset,
+	r := it.original()
+	attrs := []any{"topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
 		"attempt", it.attempts, "retry_in", backoff, "err", err}
 	if pe, ok := err.(*PanicError); ok {
 		attrs = append(attrs, "stack", string(pe.Stack))
 	}
 	e.log.Warn("kpar: handler failed", attrs...)
 	for _, h := range e.hooks.failed {
-		h.OnAttemptFailed(it.rec, it.attempts, err, backoff)
+		h.OnAttemptFailed(r, it.totalAttempts(), err, backoff)
 	}
 	return backoff
 }
@@ -616,7 +705,7 @@ func (e *engine) backoff(attempt int) time.Duration {
 }
 
 // finish records the outcome of one attempt. Called with mu held.
-func (e *engine) finish(t *task, err error, backoff time.Duration) {
+func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
 	ps := t.Value.part
 	ps.running--
 	defer func() {
@@ -634,7 +723,7 @@ func (e *engine) finish(t *task, err error, backoff time.Duration) {
 		// Not retried here: the record stays unfinished, so the revoke
 		// commit stops below it and the next owner handles it.
 	default:
-		e.retryLater(t, backoff)
+		e.fail(t, err, timedOut, backoff, now)
 	}
 }
 
@@ -727,6 +816,7 @@ func (e *engine) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 			}
 			e.parts[k] = &partState{
 				tp:        k,
+				level:     e.retryLevelOf(topic),
 				win:       window.New(e.cfg.windowRecords),
 				committed: -1,
 			}

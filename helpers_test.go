@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +28,7 @@ func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 	c, err := kfake.NewCluster(
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(partitions, topic),
+		kfake.AllowAutoTopicCreation(),
 		kfake.GroupMinSessionTimeout(100*time.Millisecond),
 	)
 	if err != nil {
@@ -38,7 +41,12 @@ func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 // testOpts are the options every test consumer shares: fast heartbeats
 // and commits, short timeouts.
 func testOpts(c *kfake.Cluster, group, topic string) []Opt {
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("KPAR_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	return []Opt{
+		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
 		Group(group),
 		Topics(topic),
@@ -211,4 +219,19 @@ func (l *ledger) counts() (distinct, duplicates int) {
 		duplicates += n - 1
 	}
 	return len(l.ok), duplicates
+}
+
+// createTopic creates a topic on c.
+func createTopic(t testing.TB, c *kfake.Cluster, topic string, partitions int32) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/deadletter"
 )
 
 // Hook observes a Consumer. A hook is any value implementing one or more of
@@ -63,10 +65,32 @@ type HookPartitionsRevoked interface {
 	OnPartitionsRevoked(revoked map[string][]int32, lost bool)
 }
 
+// HookRecordStuck is called when a partition's window start has stayed on
+// one unfinished record for StuckAfter: commits of that partition are held
+// back by it. attempts counts the record's attempts so far (0 when it is
+// still waiting for its first). Called once per record.
+type HookRecordStuck interface {
+	OnRecordStuck(topic string, partition int32, offset int64, attempts int, stuckFor time.Duration)
+}
+
+// HookDeadLettered is called after the dead-letter sink acknowledged a
+// record; the record is finished from then on.
+type HookDeadLettered interface {
+	OnDeadLettered(l deadletter.DeadLetter)
+}
+
+// HookDeadLetterFailed is called when writing records to a retry topic or
+// to the dead-letter sink failed. The records stay unfinished (their
+// window start holds) and the write is retried with backoff.
+type HookDeadLetterFailed interface {
+	OnDeadLetterFailed(records int, err error)
+}
+
 func isHook(h Hook) bool {
 	switch h.(type) {
 	case HookRecordDispatched, HookRecordDone, HookAttemptFailed, HookCommit,
-		HookPartitionPaused, HookPartitionResumed, HookPartitionsAssigned, HookPartitionsRevoked:
+		HookPartitionPaused, HookPartitionResumed, HookPartitionsAssigned, HookPartitionsRevoked,
+		HookRecordStuck, HookDeadLettered, HookDeadLetterFailed:
 		return true
 	}
 	return false
@@ -83,6 +107,10 @@ type hooks struct {
 	resumed    []HookPartitionResumed
 	assigned   []HookPartitionsAssigned
 	revoked    []HookPartitionsRevoked
+
+	stuck            []HookRecordStuck
+	deadLettered     []HookDeadLettered
+	deadLetterFailed []HookDeadLetterFailed
 }
 
 func newHooks(hs []Hook) hooks {
@@ -111,6 +139,15 @@ func newHooks(hs []Hook) hooks {
 		}
 		if v, ok := x.(HookPartitionsRevoked); ok {
 			h.revoked = append(h.revoked, v)
+		}
+		if v, ok := x.(HookRecordStuck); ok {
+			h.stuck = append(h.stuck, v)
+		}
+		if v, ok := x.(HookDeadLettered); ok {
+			h.deadLettered = append(h.deadLettered, v)
+		}
+		if v, ok := x.(HookDeadLetterFailed); ok {
+			h.deadLetterFailed = append(h.deadLetterFailed, v)
 		}
 	}
 	return h

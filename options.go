@@ -255,6 +255,9 @@ func (c *cfg) validate() error {
 	case c.logger == nil:
 		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
 	}
+	if c.regex && len(c.retryTopics) > 0 {
+		return fmt.Errorf("kpar: RetryTopics cannot be combined with TopicRegex: name the topics")
+	}
 	if c.regex {
 		for _, t := range c.topics {
 			if _, err := regexp.Compile(t); err != nil {

@@ -2,6 +2,7 @@ package kparprom_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/kparprom"
 )
 
@@ -39,7 +41,7 @@ func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 
 // newConsumer returns a Consumer on topic observed by m, as the kpar forward
 // command wires it.
-func newConsumer(t testing.TB, c *kfake.Cluster, m *kparprom.Metrics, group, topic string, h kpar.HandlerFunc) *kpar.Consumer {
+func newConsumer(t testing.TB, c *kfake.Cluster, m *kparprom.Metrics, group, topic string, h kpar.HandlerFunc, extra ...kpar.Opt) *kpar.Consumer {
 	t.Helper()
 	copts := append([]kgo.Opt{
 		kgo.SeedBrokers(c.ListenAddrs()...),
@@ -48,15 +50,15 @@ func newConsumer(t testing.TB, c *kfake.Cluster, m *kparprom.Metrics, group, top
 		kgo.RebalanceTimeout(5 * time.Second),
 		kgo.FetchMaxWait(100 * time.Millisecond),
 	}, m.ClientOpts()...)
-	cons, err := kpar.New(h,
+	cons, err := kpar.New(h, append([]kpar.Opt{
 		kpar.Group(group),
 		kpar.Topics(topic),
-		kpar.CommitInterval(50*time.Millisecond),
+		kpar.CommitInterval(50 * time.Millisecond),
 		kpar.RetryBackoff(time.Millisecond, 10*time.Millisecond),
-		kpar.ShutdownTimeout(10*time.Second),
+		kpar.ShutdownTimeout(10 * time.Second),
 		kpar.ClientOptions(copts...),
 		kpar.WithHooks(m),
-	)
+	}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,4 +188,23 @@ func collectorGatherer(t testing.TB, c prometheus.Collector) prometheus.Gatherer
 		t.Fatal(err)
 	}
 	return reg
+}
+
+// memSink is a dead-letter sink in memory whose first failFirst writes
+// fail.
+type memSink struct {
+	mu        sync.Mutex
+	failFirst int
+	letters   []deadletter.DeadLetter
+}
+
+func (s *memSink) Write(_ context.Context, ls []deadletter.DeadLetter) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failFirst > 0 {
+		s.failFirst--
+		return errors.New("sink unavailable")
+	}
+	s.letters = append(s.letters, ls...)
+	return nil
 }

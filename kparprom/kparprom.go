@@ -12,10 +12,13 @@
 //	http.Handle("/metrics", m.Handler())
 //
 // Counters and the latency histogram are updated by the hooks as records
-// finish. Per-partition gauges (window start, end and size, in flight,
-// paused, committed offset, high watermark, commit lag) are read at scrape
-// time by the collector that PartitionCollector returns, from the
-// Consumer's Partitions snapshot.
+// finish: handled, failed attempts (by class), retried, dead-lettered (by
+// class), stuck, commits, pauses, rebalances. Per-partition gauges (window
+// start, end and size, finished, in flight, paused, committed offset, high
+// watermark, commit lag, stuck time) are read at scrape time by the
+// collector that PartitionCollector returns, from the Consumer's
+// Partitions snapshot. RecentDeadLetters keeps the latest dead letters for
+// a status page.
 //
 // # Commit lag
 //
@@ -55,6 +58,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/deadletter"
 )
 
 var (
@@ -65,6 +69,9 @@ var (
 	_ kpar.HookPartitionPaused    = (*Metrics)(nil)
 	_ kpar.HookPartitionsAssigned = (*Metrics)(nil)
 	_ kpar.HookPartitionsRevoked  = (*Metrics)(nil)
+	_ kpar.HookRecordStuck        = (*Metrics)(nil)
+	_ kpar.HookDeadLettered       = (*Metrics)(nil)
+	_ kpar.HookDeadLetterFailed   = (*Metrics)(nil)
 
 	_ kgo.HookNewClient        = (*clientHooks)(nil)
 	_ kgo.HookClientClosed     = (*clientHooks)(nil)
@@ -90,12 +97,18 @@ type Metrics struct {
 	revoked      *prometheus.CounterVec // topic
 	lost         *prometheus.CounterVec // topic
 	lagErrors    prometheus.Counter
+	stuck        *prometheus.CounterVec // topic
+	deadLettered *prometheus.CounterVec // topic, class
+	deadFailed   prometheus.Counter
 
-	totals struct{ handled, failed, retried, deadLettered atomic.Int64 }
+	totals struct {
+		handled, failed, retried, deadLettered, deadLetterErrors, stuck atomic.Int64
+	}
 
 	ready readiness
 	ends  endOffsets
 	dead  deadLetterRing
+	held  stuckRecords
 }
 
 // New returns Metrics registered in their registry (see Registry). It
@@ -135,6 +148,9 @@ func New(opts ...Opt) *Metrics {
 	m.assigned = counter("partitions_assigned_total", "Partitions assigned to this member.", "topic")
 	m.revoked = counter("partitions_revoked_total", "Partitions revoked from this member after draining and committing them.", "topic")
 	m.lost = counter("partitions_lost_total", "Partitions lost by this member (dropped without a commit).", "topic")
+	m.stuck = counter("records_stuck_total", "Records reported stuck: they held their partition's window start (and its commits) for StuckAfter.", "topic")
+	m.deadLettered = counter("records_dead_lettered_total", "Records the dead-letter sink acknowledged, by class: permanent, exhausted, timeout or panic.", "topic", "class")
+	m.deadFailed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "dead_letter_errors_total", Help: "Failed writes to a retry topic or the dead-letter sink; their records stay unfinished and the write is retried."})
 	m.lagErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "high_watermark_errors_total", Help: "Failed listings of high watermarks; commit lag keeps the last watermarks known."})
 	readyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "ready", Help: "1 while the consumer is a member of its group (with partitions or idle), else 0."},
 		func() float64 {
@@ -144,7 +160,7 @@ func New(opts ...Opt) *Metrics {
 			return 0
 		})
 	c.reg.MustRegister(m.attempts, m.retried, m.handled, m.failed, m.latency, m.commits, m.commitErrors,
-		m.pauses, m.assigned, m.revoked, m.lost, m.lagErrors, readyGauge)
+		m.pauses, m.assigned, m.revoked, m.lost, m.lagErrors, m.stuck, m.deadLettered, m.deadFailed, readyGauge)
 
 	kopts := append([]kprom.Opt{kprom.Registry(c.reg), kprom.Subsystem("client")}, c.clientOpts...)
 	m.kprom = kprom.NewMetrics(ns, kopts...)
@@ -171,19 +187,23 @@ func (m *Metrics) ClientOpts() []kgo.Opt {
 
 // Totals counts what the hooks saw since New.
 type Totals struct {
-	Handled      int64 `json:"handled"`       // records handled successfully
-	Failed       int64 `json:"failed"`        // failed attempts
-	Retried      int64 `json:"retried"`       // attempts that retried a record
-	DeadLettered int64 `json:"dead_lettered"` // records sent to the dead-letter sink
+	Handled          int64 `json:"handled"`            // records handled successfully
+	Failed           int64 `json:"failed"`             // failed attempts
+	Retried          int64 `json:"retried"`            // attempts that retried a record
+	DeadLettered     int64 `json:"dead_lettered"`      // records the dead-letter sink acknowledged
+	DeadLetterErrors int64 `json:"dead_letter_errors"` // failed retry-topic or dead-letter writes
+	Stuck            int64 `json:"stuck"`              // records reported stuck
 }
 
 // Totals returns the counts over every topic, for status pages.
 func (m *Metrics) Totals() Totals {
 	return Totals{
-		Handled:      m.totals.handled.Load(),
-		Failed:       m.totals.failed.Load(),
-		Retried:      m.totals.retried.Load(),
-		DeadLettered: m.totals.deadLettered.Load(),
+		Handled:          m.totals.handled.Load(),
+		Failed:           m.totals.failed.Load(),
+		Retried:          m.totals.retried.Load(),
+		DeadLettered:     m.totals.deadLettered.Load(),
+		DeadLetterErrors: m.totals.deadLetterErrors.Load(),
+		Stuck:            m.totals.stuck.Load(),
 	}
 }
 
@@ -210,16 +230,18 @@ func (m *Metrics) OnAttemptFailed(r *kgo.Record, _ int, err error, _ time.Durati
 }
 
 // failureClass names why an attempt failed, with the class names of the
-// dead-letter headers.
+// dead-letter headers and kpar's precedence; "error" stands for a plain
+// failure that may be retried. A timeout is an attempt whose error is its
+// context's deadline: the hook does not say whether kpar cancelled it.
 func failureClass(err error) string {
 	var pe *kpar.PanicError
 	switch {
-	case errors.As(err, &pe):
-		return "panic"
 	case kpar.IsPermanent(err):
 		return "permanent"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
+	case errors.As(err, &pe):
+		return "panic"
 	}
 	return "error"
 }
@@ -256,6 +278,39 @@ func (m *Metrics) OnPartitionsRevoked(revoked map[string][]int32, lost bool) {
 		c.WithLabelValues(topic).Add(float64(len(ps)))
 	}
 	m.ready.revoke(revoked, lost)
+	m.held.forget(revoked)
+}
+
+// OnRecordStuck implements kpar.HookRecordStuck. The partition counts as
+// stuck (see PartitionStatus) until its window start moves.
+func (m *Metrics) OnRecordStuck(topic string, partition int32, offset int64, _ int, stuckFor time.Duration) {
+	m.stuck.WithLabelValues(topic).Inc()
+	m.totals.stuck.Add(1)
+	m.held.hold(tp{topic, partition}, offset, time.Now().Add(-stuckFor))
+}
+
+// OnDeadLettered implements kpar.HookDeadLettered.
+func (m *Metrics) OnDeadLettered(l deadletter.DeadLetter) {
+	if l.Record == nil {
+		return
+	}
+	m.deadLettered.WithLabelValues(l.Record.Topic, string(l.Class)).Inc()
+	m.totals.deadLettered.Add(1)
+	m.dead.add(DeadLetterEntry{
+		Time:      time.Now(),
+		Topic:     l.Record.Topic,
+		Partition: l.Record.Partition,
+		Offset:    l.Record.Offset,
+		Class:     string(l.Class),
+		Attempts:  l.Attempts,
+		Error:     l.Message,
+	})
+}
+
+// OnDeadLetterFailed implements kpar.HookDeadLetterFailed.
+func (m *Metrics) OnDeadLetterFailed(_ int, _ error) {
+	m.deadFailed.Inc()
+	m.totals.deadLetterErrors.Add(1)
 }
 
 // clientHooks are the franz-go hooks of ClientOpts, kept off Metrics so
@@ -271,6 +326,7 @@ func (h *clientHooks) OnNewClient(cl *kgo.Client) {
 		return
 	}
 	h.m.ends.setClient(cl)
+	h.m.held.reset()
 	h.m.ready.joining(group)
 }
 

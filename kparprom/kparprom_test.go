@@ -277,3 +277,94 @@ func TestCommitErrorsLeaveOutCommitsCancelledByShutdown(t *testing.T) {
 		t.Errorf("kpar_commit_errors_total = %v, want 1", got)
 	}
 }
+
+func TestMetricsReportDeadLettersAndStuckRecords(t *testing.T) {
+	const topic, n = "t", 40
+	cluster := newCluster(t, topic, 4)
+	produce(t, cluster, topic, n, n)
+
+	m := kparprom.New()
+	release := make(chan struct{})
+	sink := &memSink{failFirst: 1}
+	cons := newConsumer(t, cluster, m, "g", topic, func(ctx context.Context, r *kgo.Record) error {
+		switch {
+		case r.Partition == 0 && r.Offset == 0: // holds partition 0's window start
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		case r.Offset%3 == 2:
+			return kpar.Permanent(errors.New("bad record"))
+		}
+		return nil
+	}, kpar.DeadLetters(sink), kpar.StuckAfter(200*time.Millisecond))
+	stop := run(t, cons)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // registered after run's cleanup, so it runs before the consumer stops
+
+	eventually(t, 20*time.Second, "every other record finished and the held one reported stuck", func() bool {
+		tot := m.Totals()
+		return tot.Handled+tot.DeadLettered == n-1 && tot.Stuck == 1
+	})
+	tot := m.Totals()
+	if tot.DeadLettered == 0 || tot.DeadLetterErrors != 1 {
+		t.Errorf("Totals() = %+v, want dead letters and one failed dead-letter write", tot)
+	}
+	reg := m.Registry()
+	for _, c := range []struct {
+		name  string
+		match map[string]string
+		want  float64
+	}{
+		{"kpar_records_dead_lettered_total", map[string]string{"topic": topic, "class": "permanent"}, float64(tot.DeadLettered)},
+		{"kpar_attempts_failed_total", map[string]string{"topic": topic, "class": "permanent"}, float64(tot.DeadLettered)},
+		{"kpar_dead_letter_errors_total", nil, 1},
+		{"kpar_records_stuck_total", map[string]string{"topic": topic}, 1},
+	} {
+		if got := sum(t, reg, c.name, c.match); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.match, got, c.want)
+		}
+	}
+	dls := m.RecentDeadLetters()
+	if len(dls) != int(tot.DeadLettered) {
+		t.Fatalf("RecentDeadLetters() has %d entries, want %d", len(dls), tot.DeadLettered)
+	}
+	for _, d := range dls {
+		if d.Topic != topic || d.Offset%3 != 2 || d.Class != "permanent" || d.Attempts != 1 || !strings.Contains(d.Error, "bad record") || d.Time.IsZero() {
+			t.Errorf("dead letter %+v, want a permanent failure of an offset 2 mod 3 after 1 attempt", d)
+		}
+	}
+	for i := 1; i < len(dls); i++ {
+		if dls[i].Time.After(dls[i-1].Time) {
+			t.Errorf("RecentDeadLetters() not newest first at %d", i)
+		}
+	}
+
+	g := collectorGatherer(t, m.PartitionCollector(cons.Partitions))
+	for _, s := range gather(t, g, "kpar_partition_stuck_seconds") {
+		if stuck := s.value > 0; stuck != (s.labels["partition"] == "0") {
+			t.Errorf("kpar_partition_stuck_seconds%v = %v, want > 0 for partition 0 only", s.labels, s.value)
+		}
+	}
+	st := m.PartitionStatus(context.Background(), cons.Partitions())
+	if st[0].StuckOffset != 0 || st[0].StuckFor < 200*time.Millisecond {
+		t.Errorf("partition 0 stuck at %d for %v, want offset 0 for at least 200ms", st[0].StuckOffset, st[0].StuckFor)
+	}
+
+	unblock()
+	eventually(t, 20*time.Second, "the stuck record finished", func() bool {
+		return sum(t, g, "kpar_partition_stuck_seconds", nil) == 0 && m.Totals().Handled+m.Totals().DeadLettered == n
+	})
+	if st := m.PartitionStatus(context.Background(), cons.Partitions()); st[0].StuckOffset != -1 {
+		t.Errorf("partition 0 still stuck at %d after its record finished", st[0].StuckOffset)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if len(sink.letters) != int(tot.DeadLettered) {
+		t.Errorf("sink holds %d letters, hooks reported %d", len(sink.letters), tot.DeadLettered)
+	}
+}

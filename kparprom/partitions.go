@@ -30,6 +30,11 @@ type PartitionStatus struct {
 	// group's offset from before this assignment while kpar has committed
 	// nothing yet), never below 0; -1 when either is unknown.
 	Lag int64
+	// StuckOffset is the offset of the record that has held the window
+	// start since kpar reported it stuck (HookRecordStuck), or -1.
+	StuckOffset int64
+	// StuckFor is how long StuckOffset has held the window start.
+	StuckFor time.Duration
 }
 
 // PartitionStatus joins a Partitions snapshot with high watermarks, listing
@@ -49,8 +54,12 @@ func (m *Metrics) PartitionStatus(ctx context.Context, stats []kpar.PartitionSta
 			break
 		}
 	}
+	now := time.Now()
 	for i, s := range stats {
-		st := PartitionStatus{PartitionStats: s, HighWatermark: -1, Lag: -1}
+		st := PartitionStatus{PartitionStats: s, HighWatermark: -1, Lag: -1, StuckOffset: -1}
+		if since, ok := m.held.at(tp{s.Topic, s.Partition}, s.Start); ok {
+			st.StuckOffset, st.StuckFor = s.Start, now.Sub(since)
+		}
 		if hwm, ok := hwms[tp{s.Topic, s.Partition}]; ok {
 			st.HighWatermark = hwm
 			committed := s.Committed
@@ -183,6 +192,7 @@ func (e *endOffsets) get(ctx context.Context, stats []kpar.PartitionStats) (map[
 //	<ns>_partition_committed_offset{topic,partition} offset kpar last committed
 //	<ns>_partition_high_watermark{topic,partition}   end offset listed from the brokers
 //	<ns>_partition_commit_lag{topic,partition}       high watermark - committed
+//	<ns>_partition_stuck_seconds{topic,partition}    how long a stuck record has held the start, 0 if none
 //
 // Offsets that are not known yet (-1) are left out rather than reported as
 // -1. The high watermark and the lag need ClientOpts (see PartitionStatus).
@@ -205,6 +215,7 @@ func (m *Metrics) PartitionCollector(stats func() []kpar.PartitionStats) prometh
 		committed: desc("committed_offset", "Offset kpar last committed for the partition in this assignment."),
 		hwm:       desc("high_watermark", "Partition's high watermark as last listed from the brokers."),
 		lag:       desc("commit_lag", "High watermark minus the committed offset: records not yet committed."),
+		stuck:     desc("stuck_seconds", "How long the record kpar reported stuck has held the window start; 0 when none is stuck."),
 	}
 }
 
@@ -212,12 +223,12 @@ type partitionCollector struct {
 	m     *Metrics
 	stats func() []kpar.PartitionStats
 
-	assigned                                                          *prometheus.Desc
-	start, end, size, finished, inFlight, paused, committed, hwm, lag *prometheus.Desc
+	assigned                                                                 *prometheus.Desc
+	start, end, size, finished, inFlight, paused, committed, hwm, lag, stuck *prometheus.Desc
 }
 
 func (c *partitionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.assigned, c.start, c.end, c.size, c.finished, c.inFlight, c.paused, c.committed, c.hwm, c.lag} {
+	for _, d := range []*prometheus.Desc{c.assigned, c.start, c.end, c.size, c.finished, c.inFlight, c.paused, c.committed, c.hwm, c.lag, c.stuck} {
 		ch <- d
 	}
 }
@@ -248,5 +259,59 @@ func (c *partitionCollector) Collect(ch chan<- prometheus.Metric) {
 		known(c.committed, s.Committed)
 		known(c.hwm, s.HighWatermark)
 		known(c.lag, s.Lag)
+		gauge(c.stuck, s.StuckFor.Seconds())
 	}
+}
+
+// stuckRecords remembers, per partition, the record kpar reported stuck
+// and since when, until the window start moves past it.
+type stuckRecords struct {
+	mu   sync.Mutex // guards held
+	held map[tp]stuckRecord
+}
+
+type stuckRecord struct {
+	offset int64
+	since  time.Time
+}
+
+func (s *stuckRecords) hold(p tp, offset int64, since time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held == nil {
+		s.held = make(map[tp]stuckRecord)
+	}
+	s.held[p] = stuckRecord{offset, since}
+}
+
+// at reports since when the record at start has been stuck, forgetting a
+// stuck record that start has moved past.
+func (s *stuckRecords) at(p tp, start int64) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.held[p]
+	if !ok {
+		return time.Time{}, false
+	}
+	if r.offset != start {
+		delete(s.held, p)
+		return time.Time{}, false
+	}
+	return r.since, true
+}
+
+func (s *stuckRecords) forget(revoked map[string][]int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for topic, ps := range revoked {
+		for _, p := range ps {
+			delete(s.held, tp{topic, p})
+		}
+	}
+}
+
+func (s *stuckRecords) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = nil
 }

@@ -36,4 +36,5 @@ if [ -z "${KPAR_TEST_POSTGRES:-}" ] && ls /usr/lib/postgresql/*/bin/pg_ctl >/dev
   fi
 fi
 
-go test -race -timeout 15m "$@" ./...
+# KPAR_TEST_PKGS narrows the packages (default ./...); extra arguments go to go test.
+go test -race -timeout 15m "$@" ${KPAR_TEST_PKGS:-./...}

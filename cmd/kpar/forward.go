@@ -41,22 +41,22 @@ nil key) and Kpar-Header-<h> (base64) per record header. A 2xx response
 finishes the record. 408, 429, 5xx, connection errors and timeouts are
 retried with backoff (Retry-After honoured on 429 and 503); after
 --max-attempts, and at once for any other 4xx, the record goes to the
-dead-letter topic. Offsets are committed only below finished records.
-SIGINT or SIGTERM stops fetching, finishes in-flight requests, commits and
-exits 0.`, stderr)
+dead-letter topic. Offsets are committed only below finished records; a
+new group starts at the oldest record. SIGINT or SIGTERM stops fetching,
+finishes in-flight requests, commits and exits 0.`, stderr)
 	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
 	group := fs.String("group", "", "consumer group `G` (required)")
 	topic := fs.String("topic", "", "topic `T` to consume (required)")
 	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
-	ordering := fs.String("ordering", "key", "what runs in order: `key` (per key and partition), partition, or unordered")
+	ordering := fs.String("ordering", "key", "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "requests in flight at once, and the size of the keep-alive connection pool")
 	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered")
 	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
 	retryBackoffMax := fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts")
 	attemptTimeout := fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included")
-	dlqTopic := fs.String("dlq-topic", "", "dead-letter `topic` (default <topic>.dlq)")
+	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` (default <topic>.dlq)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled")
-	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a member that stopped heartbeating (a crashed forwarder) before giving its partitions to the others; the brokers bound it (6s to 30m by default)")
+	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 	sec := securityFlags(fs)

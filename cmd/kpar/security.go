@@ -41,7 +41,7 @@ func securityFlags(fs *flagSet) *securityOpts {
 	fs.StringVar(&s.keyFile, "tls-key", "", "PEM private key `FILE` of --tls-cert")
 	fs.StringVar(&s.mechanism, "sasl-mechanism", "", "authenticate with SASL `MECHANISM`: plain, scram-sha-256 or scram-sha-512 (needs --sasl-user, --sasl-password)")
 	fs.StringVar(&s.user, "sasl-user", "", "SASL user `NAME`")
-	fs.StringVar(&s.password, "sasl-password", "", "SASL password; prefer the KPAR_SASL_PASSWORD variable, which other users cannot read in the process list")
+	fs.StringVar(&s.password, "sasl-password", "", "SASL `PASSWORD`; prefer the KPAR_SASL_PASSWORD variable, which other users cannot read in the process list")
 	return s
 }
 

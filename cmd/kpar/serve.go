@@ -158,6 +158,10 @@ type partitionStatus struct {
 	Finished      int    `json:"finished"`       // records above start already done
 	InFlight      int    `json:"in_flight"`      // records in a handler now
 	Paused        bool   `json:"paused"`         // fetching paused: window full
+	// StuckOffset is the record kpar reported stuck, holding the window
+	// start (and commits) for StuckSeconds; -1 when none.
+	StuckOffset  int64   `json:"stuck_offset"`
+	StuckSeconds float64 `json:"stuck_seconds"`
 }
 
 func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusResponse {
@@ -176,7 +180,8 @@ func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusRe
 			Start: s.Start, End: s.End, Committed: s.Committed,
 			HighWatermark: s.HighWatermark, Lag: s.Lag,
 			Buffered: s.Buffered, Finished: s.Finished, InFlight: s.InFlight,
-			Paused: s.Paused,
+			Paused:      s.Paused,
+			StuckOffset: s.StuckOffset, StuckSeconds: s.StuckFor.Seconds(),
 		})
 	}
 	return resp
@@ -241,7 +246,7 @@ td.error { white-space: normal; text-align: left; max-width: 40em; overflow-wrap
 <span><i class="seg-done"></i>finished above start</span><span><i class="seg-run"></i>in flight</span><span><i class="seg-wait"></i>waiting</span></p>
 <table>
 <thead><tr><th>Partition</th><th class="text">Window</th><th>Records</th><th>Start</th><th>In flight</th><th>Finished</th><th>End</th>
-<th>Committed</th><th>High watermark</th><th>Lag</th><th class="text">Fetching</th></tr></thead>
+<th>Committed</th><th>High watermark</th><th>Lag</th><th class="text">State</th></tr></thead>
 <tbody id="partitions"><tr><td colspan="11" class="muted text">Loading…</td></tr></tbody>
 </table>
 
@@ -262,6 +267,11 @@ function el(tag, text, cls) {
   return e;
 }
 const off = (n) => (n < 0 ? "–" : n.toLocaleString("en-US"));
+function duration(sec) {
+  if (sec < 60) return sec.toFixed(1) + "s";
+  const m = Math.floor(sec / 60);
+  return m < 60 ? m + "m" + Math.floor(sec % 60) + "s" : Math.floor(m / 60) + "h" + (m % 60) + "m";
+}
 
 function emptyRow(cols, text) {
   const tr = el("tr"), td = el("td", text, "muted text");
@@ -299,9 +309,12 @@ function renderPartitions(parts) {
     tr.append(el("td", p.topic + "/" + p.partition), win, el("td", off(p.buffered)), el("td", off(p.start)), el("td", off(p.in_flight)),
       el("td", off(p.finished)), el("td", off(p.end)), el("td", off(p.committed)),
       el("td", off(p.high_watermark)), el("td", off(p.lag)));
-    const fetching = el("td", null, "text");
-    fetching.append(p.paused ? el("span", "paused: window full", "badge warn") : el("span", "fetching", "muted"));
-    tr.append(fetching);
+    const state = el("td", null, "text");
+    if (p.stuck_offset >= 0) {
+      state.append(el("span", "stuck at " + off(p.stuck_offset) + " for " + duration(p.stuck_seconds), "badge bad"), " ");
+    }
+    state.append(p.paused ? el("span", "paused: window full", "badge warn") : el("span", "fetching", "muted"));
+    tr.append(state);
     return tr;
   }));
 }
@@ -330,7 +343,8 @@ function render(s) {
   const t = s.totals;
   const totals = document.getElementById("totals");
   totals.replaceChildren(el("span", "handled " + off(t.handled)), el("span", "failed attempts " + off(t.failed)),
-    el("span", "retried " + off(t.retried)), el("span", "dead-lettered " + off(t.dead_lettered)));
+    el("span", "retried " + off(t.retried)), el("span", "dead-lettered " + off(t.dead_lettered)),
+    el("span", "dead-letter write errors " + off(t.dead_letter_errors)), el("span", "stuck records " + off(t.stuck)));
   renderPartitions(s.partitions || []);
   renderDeadLetters(s.dead_letters || []);
   document.body.dataset.loaded = "true";

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/kparprom"
 )
 
@@ -44,7 +45,7 @@ type statusFixture struct {
 // newStatusFixture starts a cluster with topic "t" of partitions
 // partitions holding records records, a consumer running h (not yet
 // running: see run), and the status server on a free port.
-func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.HandlerFunc) *statusFixture {
+func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.HandlerFunc, extra ...kpar.Opt) *statusFixture {
 	t.Helper()
 	// Registered first, so it runs after every other cleanup.
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
@@ -81,8 +82,8 @@ func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.Handle
 		kgo.SessionTimeout(2 * time.Second),
 		kgo.FetchMaxWait(100 * time.Millisecond),
 	}, m.ClientOpts()...)
-	cons, err := kpar.New(h, kpar.Group("g"), kpar.Topics("t"), kpar.CommitInterval(50*time.Millisecond),
-		kpar.ShutdownTimeout(10*time.Second), kpar.ClientOptions(copts...), kpar.WithHooks(m))
+	cons, err := kpar.New(h, append([]kpar.Opt{kpar.Group("g"), kpar.Topics("t"), kpar.CommitInterval(50 * time.Millisecond),
+		kpar.ShutdownTimeout(10 * time.Second), kpar.ClientOptions(copts...), kpar.WithHooks(m)}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,9 +298,15 @@ func TestServeStatusRejectsBadSetups(t *testing.T) {
 	}
 }
 
+// statusSink is a dead-letter sink that keeps nothing.
+type statusSink struct{}
+
+func (statusSink) Write(context.Context, []deadletter.DeadLetter) error { return nil }
+
 // TestServeStatusPageInChromium loads the live page in a real headless
-// Chromium while records are in flight and checks that its script fetched
-// /api/status and drew a row per partition.
+// Chromium while records are in flight, one is stuck and some were
+// dead-lettered, and checks that its script fetched /api/status and drew a
+// row per partition and per dead letter.
 func TestServeStatusPageInChromium(t *testing.T) {
 	if _, err := os.Stat(chromiumPath); err != nil {
 		t.Skipf("%s not found: install Debian's chromium (apt-get install chromium) to test the live page in a browser", chromiumPath)
@@ -308,7 +315,10 @@ func TestServeStatusPageInChromium(t *testing.T) {
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	f := newStatusFixture(t, 4, 40, func(ctx context.Context, r *kgo.Record) error {
-		if r.Offset%2 == 1 { // half the records hold the window open
+		switch {
+		case r.Offset == 4:
+			return kpar.Permanent(errors.New("cannot parse <b>this</b> record"))
+		case r.Offset%2 == 1: // half the records hold the window open
 			select {
 			case <-release:
 			case <-ctx.Done():
@@ -316,19 +326,20 @@ func TestServeStatusPageInChromium(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, kpar.DeadLetters(statusSink{}), kpar.StuckAfter(100*time.Millisecond))
 	f.run(t)
 	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the consumer stops
-	f.waitFor(t, "records in flight on every partition", func() bool {
+	f.waitFor(t, "records in flight and stuck on every partition, and a dead letter", func() bool {
 		s := f.apiStatus(t)
 		n := 0
 		for _, p := range s.Partitions {
-			if p.InFlight > 0 {
+			if p.InFlight > 0 && p.StuckOffset == 1 {
 				n++
 			}
 		}
-		return n == 4
+		return n == 4 && len(s.DeadLetters) > 0
 	})
+	dls := len(f.apiStatus(t).DeadLetters)
 
 	dom := chromium(t, "--dump-dom", f.base+"/")
 	if !strings.Contains(dom, `data-loaded="true"`) {
@@ -343,7 +354,11 @@ func TestServeStatusPageInChromium(t *testing.T) {
 			t.Errorf("row %d is partition %s, want %d", i, r[1], i)
 		}
 	}
-	for _, want := range []string{`class="seg-run"`, `class="seg-done"`, "No dead letters.", `class="badge ok">ready<`} {
+	if got := strings.Count(dom, `<tr data-dead-letter="t/`); got != dls {
+		t.Errorf("page shows %d dead-letter rows, want %d", got, dls)
+	}
+	for _, want := range []string{`class="seg-run"`, `class="seg-done"`, `class="badge ok">ready<`, "stuck at 1 for",
+		"cannot parse &lt;b&gt;this&lt;/b&gt; record"} { // error text shown as text, not markup
 		if !strings.Contains(dom, want) {
 			t.Errorf("page lacks %q; DOM:\n%s", want, dom)
 		}

@@ -1,0 +1,187 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// errAttemptTimeout is the cause of an attempt context cancelled by
+// AttemptTimeout.
+var errAttemptTimeout = errors.New("kpar: attempt timed out (AttemptTimeout)")
+
+// closedDone is a closed channel shared by attempts cancelled before anyone
+// asked for Done.
+var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// attemptCtx is the context of one handler attempt. context.WithDeadline
+// would cost a timer per record; instead a watchdog goroutine scans the
+// running attempts and cancels the overdue ones, and the Done channel is
+// only made when a handler asks for it. Values and the parent's
+// cancellation come from the embedded parent.
+type attemptCtx struct {
+	context.Context // parent: Values; its cancellation is relayed by the watchdog
+	deadline        time.Time
+	task            *task // the attempt's (first) record, for reports
+
+	mu   sync.Mutex
+	done chan struct{}
+	err  error
+}
+
+func (c *attemptCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *attemptCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		if c.err != nil {
+			return closedDone
+		}
+		c.done = make(chan struct{})
+	}
+	return c.done
+}
+
+func (c *attemptCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// cancel cancels the attempt with err (context.DeadlineExceeded for a
+// timeout, context.Canceled for a hard stop) and reports whether it was
+// still running.
+func (c *attemptCtx) cancel(err error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return false
+	}
+	c.err = err
+	if c.done != nil {
+		close(c.done)
+	}
+	return true
+}
+
+// timedOut reports whether the watchdog cancelled the attempt for its
+// deadline.
+func (c *attemptCtx) timedOut() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err == context.DeadlineExceeded
+}
+
+// attemptSlots publishes each worker's running attempt to the watchdog.
+type attemptSlots []atomic.Pointer[attemptCtx]
+
+// watchdog cancels attempts past their deadline, relays a hard stop to every
+// running attempt, and reports partitions whose window start has not moved
+// for StuckAfter. It runs until ctx (the commit/watch context) ends.
+func (e *engine) watchdog(ctx context.Context, hard <-chan struct{}) {
+	tick := min(max(e.cfg.attemptTimeout/8, time.Millisecond), 250*time.Millisecond)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hard:
+			e.cancelAttempts(context.Canceled)
+			hard = nil
+		case now := <-t.C:
+			e.expireAttempts(now)
+			e.detectStuck(now)
+		}
+	}
+}
+
+func (e *engine) cancelAttempts(err error) {
+	for i := range e.slots {
+		if a := e.slots[i].Load(); a != nil {
+			a.cancel(err)
+		}
+	}
+}
+
+func (e *engine) expireAttempts(now time.Time) {
+	overdue := 0
+	for i := range e.slots {
+		a := e.slots[i].Load()
+		if a == nil || now.Before(a.deadline) {
+			continue
+		}
+		overdue++
+		a.cancel(context.DeadlineExceeded)
+	}
+	e.overdue.Store(int64(overdue))
+}
+
+// detectStuck samples each partition's window start and reports one that
+// stayed on the same unfinished record for StuckAfter, once per record.
+func (e *engine) detectStuck(now time.Time) {
+	type stuck struct {
+		tp
+		offset int64
+		since  time.Time
+	}
+	var report []stuck
+	e.mu.Lock()
+	for _, ps := range e.parts {
+		off, ok := ps.win.Start()
+		if !ok || ps.win.Pending() == 0 {
+			ps.stuckSince = time.Time{}
+			continue
+		}
+		if off != ps.stuckOffset || ps.stuckSince.IsZero() {
+			ps.stuckOffset, ps.stuckSince, ps.stuckReported = off, now, false
+			continue
+		}
+		if !ps.stuckReported && now.Sub(ps.stuckSince) >= e.stuckAfter {
+			ps.stuckReported = true
+			report = append(report, stuck{ps.tp, off, ps.stuckSince})
+		}
+	}
+	attempts := make([]int, len(report))
+	for i, s := range report {
+		attempts[i] = e.attemptsOf(s.tp, s.offset)
+	}
+	e.mu.Unlock()
+	for i, s := range report {
+		e.log.Warn("kpar: window start stuck: one record has held back commits",
+			"topic", s.topic, "partition", s.partition, "offset", s.offset,
+			"attempts", attempts[i], "stuck_for", now.Sub(s.since).Round(time.Millisecond))
+		for _, h := range e.hooks.stuck {
+			h.OnRecordStuck(s.topic, s.partition, s.offset, attempts[i], now.Sub(s.since))
+		}
+	}
+}
+
+// attemptsOf finds how many attempts the record at offset has had, among
+// running records, records waiting for a retry and records waiting for a
+// retry-topic or dead-letter write; 0 when it has not run. Called with mu
+// held; only for reports.
+func (e *engine) attemptsOf(p tp, offset int64) int {
+	match := func(t *task) bool {
+		return t != nil && t.Value.part.tp == p && t.Value.rec != nil && t.Value.rec.Offset == offset
+	}
+	for i := range e.slots {
+		if a := e.slots[i].Load(); a != nil && match(a.task) {
+			return a.task.Value.attempts
+		}
+	}
+	for t := range e.timers {
+		if match(t) {
+			return t.Value.attempts
+		}
+	}
+	for _, t := range e.exiled {
+		if match(t) {
+			return t.Value.attempts
+		}
+	}
+	return 0
+}

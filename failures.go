@@ -1,0 +1,198 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kpar/kpar/deadletter"
+)
+
+// classify names why the last attempt of a record failed.
+func classify(err error, timedOut bool) deadletter.Class {
+	var pe *PanicError
+	switch {
+	case IsPermanent(err):
+		return deadletter.ClassPermanent
+	case timedOut:
+		return deadletter.ClassTimeout
+	case errors.As(err, &pe):
+		return deadletter.ClassPanic
+	}
+	return deadletter.ClassExhausted
+}
+
+// fail handles a failed attempt: retry locally after backoff, or, once the
+// attempts are used up (or at once for Permanent), hand the record to the
+// exile writer: the next retry topic, else the dead-letter sink. Without
+// either the record is retried at the backoff cap: it is never skipped.
+// Called with mu held.
+func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
+	it := &t.Value
+	if it.firstFailure.IsZero() {
+		it.firstFailure = now
+	}
+	it.lastFailure, it.lastErr = now, err
+	it.class = classify(err, timedOut)
+	if it.class != deadletter.ClassPermanent && it.attempts < e.attemptsAllowed(it) {
+		e.retryLater(t, backoff)
+		return
+	}
+	switch {
+	case it.class != deadletter.ClassPermanent && it.level < len(e.cfg.retryTopics):
+		e.exile(t)
+	case e.cfg.deadLetters != nil:
+		e.exile(t)
+	default:
+		if !it.warnedNoSink {
+			it.warnedNoSink = true
+			e.log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
+				"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "class", it.class, "err", err)
+		}
+		e.retryLater(t, e.cfg.retryMax)
+	}
+}
+
+// attemptsAllowed is MaxAttempts on the original topic and one attempt per
+// retry topic: each retry topic is itself a delayed retry.
+func (e *engine) attemptsAllowed(it *item) int {
+	if it.level > 0 {
+		return 1
+	}
+	return e.cfg.maxAttempts
+}
+
+// exile queues a record for the exile writer. The record keeps its lane
+// and stays unfinished until the write is acknowledged. Called with mu held.
+func (e *engine) exile(t *task) {
+	e.exiled = append(e.exiled, t)
+	select {
+	case e.exileWake <- struct{}{}:
+	default:
+	}
+}
+
+// exileWriter moves exiled records to their next retry topic or to the
+// dead-letter sink, in batches, retrying failed writes with backoff. A
+// record is finished only after its write was acknowledged. It runs until
+// ctx ends (the hard stop): during a graceful drain it keeps writing.
+func (e *engine) exileWriter(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.exileWake:
+		}
+		for {
+			e.mu.Lock()
+			batch := e.exiled
+			e.exiled = nil
+			e.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			if !e.writeExiled(ctx, batch) {
+				return
+			}
+		}
+	}
+}
+
+// writeExiled writes one batch until it succeeds or ctx ends, then finishes
+// its records. Records of partitions revoked meanwhile are skipped: their
+// new owner handles them again.
+func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
+	var toRetry, toDead []*task
+	for _, t := range batch {
+		if t.Value.class != deadletter.ClassPermanent && t.Value.level < len(e.cfg.retryTopics) {
+			toRetry = append(toRetry, t)
+		} else {
+			toDead = append(toDead, t)
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		err := e.writeRetries(ctx, toRetry)
+		if err == nil {
+			toRetry = nil
+			err = e.writeDeadLetters(ctx, toDead)
+		}
+		if err == nil {
+			break
+		}
+		wait := e.sinkBackoff(attempt)
+		e.log.Error("kpar: writing failed records to the retry topic or dead-letter sink failed; their offsets stay uncommitted until it succeeds",
+			"records", len(toRetry)+len(toDead), "attempt", attempt, "retry_in", wait, "err", err)
+		for _, h := range e.hooks.deadLetterFailed {
+			h.OnDeadLetterFailed(len(toRetry)+len(toDead), err)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
+	e.mu.Lock()
+	for _, t := range batch {
+		ps := t.Value.part
+		if ps.status == dropped {
+			continue
+		}
+		e.complete(t)
+	}
+	e.mu.Unlock()
+	return true
+}
+
+// sinkBackoff spaces out writes to a failing retry topic or sink: full
+// jitter over 100ms doubling up to RetryBackoff's cap (at least 1s).
+func (e *engine) sinkBackoff(attempt int) time.Duration {
+	base, ceiling := 100*time.Millisecond, max(e.cfg.retryMax, time.Second)
+	d := ceiling
+	if attempt < 20 {
+		d = min(base<<(attempt-1), ceiling)
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+func (e *engine) letter(t *task) deadletter.DeadLetter {
+	it := &t.Value
+	msg := ""
+	if it.lastErr != nil {
+		msg = it.lastErr.Error()
+		var pe *PanicError
+		if errors.As(it.lastErr, &pe) {
+			msg += "\n" + string(pe.Stack)
+		}
+	}
+	return deadletter.DeadLetter{
+		Record:       it.original(),
+		Group:        e.cfg.group,
+		Class:        it.class,
+		Message:      msg,
+		Attempts:     it.totalAttempts(),
+		FirstFailure: it.firstFailure,
+		LastFailure:  it.lastFailure,
+	}
+}
+
+func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
+	if len(ts) == 0 {
+		return nil
+	}
+	letters := make([]deadletter.DeadLetter, len(ts))
+	for i, t := range ts {
+		letters[i] = e.letter(t)
+	}
+	if err := e.cfg.deadLetters.Write(ctx, letters); err != nil {
+		return err
+	}
+	for _, l := range letters {
+		e.log.Warn("kpar: record dead-lettered", "topic", l.Record.Topic, "partition", l.Record.Partition,
+			"offset", l.Record.Offset, "class", l.Class, "attempts", l.Attempts, "err", l.Message)
+		for _, h := range e.hooks.deadLettered {
+			h.OnDeadLettered(l)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,446 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar/deadletter"
+)
+
+// sinkCase is one dead-letter sink under the behavioural suite: how to make
+// it on a cluster, and the URL its letters are read back from.
+type sinkCase struct {
+	name string
+	open func(t *testing.T, c *kfake.Cluster) (deadletter.Sink, string)
+}
+
+func sinkCases() []sinkCase {
+	return []sinkCase{
+		{"kafka", func(t *testing.T, c *kfake.Cluster) (deadletter.Sink, string) {
+			cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cl.Close)
+			createTopic(t, c, "poison.dlq", 1)
+			return deadletter.NewKafkaSink(cl), "kafka://" + c.ListenAddrs()[0] + "/poison.dlq"
+		}},
+		{"file", func(t *testing.T, _ *kfake.Cluster) (deadletter.Sink, string) {
+			path := filepath.Join(t.TempDir(), "dlq.jsonl")
+			s, err := deadletter.NewFileSink(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s, "file://" + path
+		}},
+		{"postgres", func(t *testing.T, _ *kfake.Cluster) (deadletter.Sink, string) {
+			dsn := os.Getenv("KPAR_TEST_POSTGRES")
+			if dsn == "" {
+				t.Skip("KPAR_TEST_POSTGRES is unset; scripts/test.sh starts PostgreSQL and sets it")
+			}
+			table := fmt.Sprintf("kpar_test_%d", time.Now().UnixNano())
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := deadletter.OpenPostgresSink(ctx, dsn, deadletter.Table(table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			u, err := url.Parse(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := u.Query()
+			q.Set(deadletter.TableParam, table)
+			u.RawQuery = q.Encode()
+			return s, u.String()
+		}},
+	}
+}
+
+// readLetters reads every dead letter back from a sink's URL.
+func readLetters(t *testing.T, rawURL string) []deadletter.DeadLetter {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	src, err := deadletter.OpenSource(ctx, rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []deadletter.DeadLetter
+	if err := src.Read(ctx, func(l deadletter.DeadLetter) error { out = append(out, l); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// committedTo returns a hook and a channel closed once partition 0 of topic
+// has a commit at or past want.
+func committedTo(topic string, want int64) (commitHook, <-chan struct{}) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return commitHook(func(offs map[string]map[int32]int64, err error) {
+		if err == nil && offs[topic][0] >= want {
+			once.Do(func() { close(ch) })
+		}
+	}), ch
+}
+
+// TestPoisonRecordEndsInEachSink: a record that always fails ends in the
+// sink exactly once with its fields, and the window moves past it: the
+// partition's committed offset reaches the high watermark.
+func TestPoisonRecordEndsInEachSink(t *testing.T) {
+	for _, sc := range sinkCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			const n, poison = 200, 50
+			c := newCluster(t, "poison", 1)
+			produce(t, c, "poison", n, 10)
+			sink, src := sc.open(t, c)
+
+			var attempts atomic.Int64
+			h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+				if r.Offset == poison {
+					attempts.Add(1)
+					return errors.New("cannot parse order")
+				}
+				return nil
+			})
+			hook, done := committedTo("poison", n)
+			cons, err := New(h, append(testOpts(c, "g", "poison"), MaxAttempts(3), DeadLetters(sink), WithHooks(hook))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, cons)
+			waitFor(t, done, 30*time.Second, "the commit to pass the poison record")
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			letters := readLetters(t, src)
+			if len(letters) != 1 {
+				t.Fatalf("%d dead letters, want 1: %+v", len(letters), letters)
+			}
+			l := letters[0]
+			if l.ID() != fmt.Sprintf("poison/0/%d", poison) || l.Class != deadletter.ClassExhausted ||
+				l.Attempts != 3 || l.Group != "g" || l.Message != "cannot parse order" {
+				t.Fatalf("dead letter %s class %s attempts %d group %q message %q", l.ID(), l.Class, l.Attempts, l.Group, l.Message)
+			}
+			if l.FirstFailure.IsZero() || l.LastFailure.Before(l.FirstFailure) {
+				t.Fatalf("failure times %v .. %v", l.FirstFailure, l.LastFailure)
+			}
+			if v := decodeValue(l.Record.Value); v.key != poison%10 || string(l.Record.Key) != fmt.Sprintf("key-%d", poison%10) {
+				t.Fatalf("dead letter key %q value %+v: not the original", l.Record.Key, v)
+			}
+			if attempts.Load() != 3 {
+				t.Fatalf("poison record tried %d times, want 3", attempts.Load())
+			}
+		})
+	}
+}
+
+// recorder collects dead letters and stuck reports from hooks.
+type recorder struct {
+	mu      sync.Mutex
+	letters []deadletter.DeadLetter
+	stuck   []int64
+	got     chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{got: make(chan struct{}, 100)} }
+
+func (r *recorder) OnDeadLettered(l deadletter.DeadLetter) {
+	r.mu.Lock()
+	r.letters = append(r.letters, l)
+	r.mu.Unlock()
+	r.got <- struct{}{}
+}
+
+func (r *recorder) OnRecordStuck(_ string, _ int32, offset int64, _ int, _ time.Duration) {
+	r.mu.Lock()
+	r.stuck = append(r.stuck, offset)
+	r.mu.Unlock()
+	r.got <- struct{}{}
+}
+
+// memSink is a Sink for tests of the engine's classification; the sinks
+// themselves are tested in package deadletter and above.
+type memSink struct {
+	mu      sync.Mutex
+	letters []deadletter.DeadLetter
+}
+
+func (s *memSink) Write(_ context.Context, ls []deadletter.DeadLetter) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.letters = append(s.letters, ls...)
+	return nil
+}
+
+// TestFailureClasses: Permanent skips retries; panics and timeouts keep
+// their class.
+func TestFailureClasses(t *testing.T) {
+	cases := []struct {
+		name     string
+		handler  func(ctx context.Context) error
+		class    deadletter.Class
+		attempts int
+	}{
+		{"permanent", func(context.Context) error { return Permanent(errors.New("bad schema")) }, deadletter.ClassPermanent, 1},
+		{"exhausted", func(context.Context) error { return errors.New("flaky") }, deadletter.ClassExhausted, 3},
+		{"panic", func(context.Context) error { panic("nil map") }, deadletter.ClassPanic, 3},
+		{"timeout", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, deadletter.ClassTimeout, 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, "cls", 1)
+			produce(t, c, "cls", 1, 1)
+			var calls atomic.Int64
+			h := HandlerFunc(func(ctx context.Context, _ *kgo.Record) error {
+				calls.Add(1)
+				return tc.handler(ctx)
+			})
+			rec := newRecorder()
+			cons, err := New(h, append(testOpts(c, "g", "cls"), MaxAttempts(3), AttemptTimeout(50*time.Millisecond),
+				DeadLetters(&memSink{}), WithHooks(rec))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, cons)
+			select {
+			case <-rec.got:
+			case <-time.After(20 * time.Second):
+				t.Fatal("no dead letter")
+			}
+			stop()
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			l := rec.letters[0]
+			if l.Class != tc.class || l.Attempts != tc.attempts || int(calls.Load()) != tc.attempts {
+				t.Fatalf("class %s after %d attempts (%d calls); want %s after %d", l.Class, l.Attempts, calls.Load(), tc.class, tc.attempts)
+			}
+			if tc.class == deadletter.ClassPanic && !containsAll(l.Message, "nil map", "goroutine") {
+				t.Fatalf("panic letter lacks the panic and its stack: %q", l.Message)
+			}
+		})
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+// TestStuckRecordIsReported: a window start that does not move for
+// StuckAfter is reported once, with its offset.
+func TestStuckRecordIsReported(t *testing.T) {
+	c := newCluster(t, "stuck", 1)
+	produce(t, c, "stuck", 20, 1)
+	release := make(chan struct{})
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset == 7 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	})
+	rec := newRecorder()
+	cons, err := New(h, append(testOpts(c, "g", "stuck"), WithOrdering(Unordered), StuckAfter(100*time.Millisecond),
+		AttemptTimeout(20*time.Second), WithHooks(rec))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	select {
+	case <-rec.got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("stuck record not reported")
+	}
+	close(release)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.stuck) != 1 || rec.stuck[0] != 7 {
+		t.Fatalf("stuck reports %v, want [7]", rec.stuck)
+	}
+}
+
+// TestSinkOutageHoldsTheWindow: while the Kafka dead-letter topic refuses
+// writes, no commit passes the poison record and other records go on; once
+// it accepts, the record is in the DLQ and the window moves on.
+func TestSinkOutageHoldsTheWindow(t *testing.T) {
+	const n, poison = 100, 10
+	c := newCluster(t, "out", 1)
+	produce(t, c, "out", n, 5)
+	createTopic(t, c, "out.dlq", 1)
+	outage := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "out.dlq", Err: kerr.NotLeaderForPartition, Count: -1})
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.RecordDeliveryTimeout(time.Second), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var handled atomic.Int64
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		if r.Offset == poison {
+			return Permanent(errors.New("poison"))
+		}
+		handled.Add(1)
+		return nil
+	})
+	var (
+		mu        sync.Mutex
+		maxCommit int64 = -1
+	)
+	failedWrites := make(chan struct{}, 100)
+	hooks := []Hook{
+		commitHook(func(offs map[string]map[int32]int64, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if o, ok := offs["out"][0]; ok && err == nil {
+				maxCommit = max(maxCommit, o)
+			}
+		}),
+		deadLetterFailedHook(func() {
+			select {
+			case failedWrites <- struct{}{}:
+			default:
+			}
+		}),
+	}
+	done, doneCh := committedTo("out", n)
+	cons, err := New(h, append(testOpts(c, "g", "out"), WithOrdering(Unordered), RetryBackoff(10*time.Millisecond, 50*time.Millisecond),
+		DeadLetters(deadletter.NewKafkaSink(cl)), WithHooks(append(hooks, done)...))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	// Several failed writes while every other record completes.
+	for range 3 {
+		select {
+		case <-failedWrites:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the sink outage was never hit")
+		}
+	}
+	for handled.Load() < n-1 {
+		select {
+		case <-failedWrites:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("only %d of %d healthy records handled during the outage", handled.Load(), n-1)
+		}
+	}
+	mu.Lock()
+	during := maxCommit
+	mu.Unlock()
+	if during > poison {
+		t.Fatalf("committed %d during the outage, past the unfinished offset %d", during, poison)
+	}
+	outage.Remove()
+	waitFor(t, doneCh, 20*time.Second, "the commit to pass the poison record after the outage")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	letters := readLetters(t, "kafka://"+c.ListenAddrs()[0]+"/out.dlq")
+	if len(letters) != 1 || letters[0].Record.Offset != poison {
+		t.Fatalf("dead letters after the outage: %d, want the one at %d", len(letters), poison)
+	}
+}
+
+type deadLetterFailedHook func()
+
+func (f deadLetterFailedHook) OnDeadLetterFailed(int, error) { f() }
+
+// TestRetryTopicDelaysWithoutBlocking: a record that fails its local
+// attempts goes to <topic>.retry.1 and is handled from there no earlier
+// than its due time, while the records behind it in its partition are not
+// held back.
+func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
+	const n, flaky = 50, 3
+	const delay = 700 * time.Millisecond
+	c := newCluster(t, "rt", 1)
+	produce(t, c, "rt", n, 5)
+
+	var (
+		mu        sync.Mutex
+		failedAt  time.Time
+		retriedAt time.Time
+		calls     int
+		others    int
+		othersAt  time.Time
+	)
+	done := make(chan struct{})
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Offset != flaky {
+			others++
+			if others == n-1 {
+				othersAt = time.Now()
+			}
+			return nil
+		}
+		calls++
+		if calls <= 2 {
+			failedAt = time.Now()
+			return errors.New("downstream busy")
+		}
+		if r.Topic != "rt" || r.Partition != 0 {
+			t.Errorf("retried record shows as %s/%d, want the original rt/0", r.Topic, r.Partition)
+		}
+		retriedAt = time.Now()
+		close(done)
+		return nil
+	})
+	cons, err := New(h, append(testOpts(c, "g", "rt"), WithOrdering(Unordered), MaxAttempts(2),
+		RetryTopics(delay), DeadLetters(&memSink{}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, done, 30*time.Second, "the retried record")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if early := failedAt.Add(delay).Sub(retriedAt); early > 5*time.Millisecond { // due times are in ms
+		t.Fatalf("retried %v before its due time", early)
+	}
+	if othersAt.IsZero() || !othersAt.Before(failedAt.Add(delay)) {
+		t.Fatalf("other records finished at %v, not before the retry was due (%v): they were held back", othersAt, failedAt.Add(delay))
+	}
+	if calls != 3 {
+		t.Fatalf("flaky record called %d times, want 3", calls)
+	}
+}
