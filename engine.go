@@ -204,6 +204,15 @@ func (e *engine) run(ctx context.Context) error {
 		return fmt.Errorf("kpar: creating the client: %w", err)
 	}
 	e.cl = cl
+	// Fail fast on what retrying cannot fix (bad credentials, missing
+	// permissions): the group loop would otherwise retry it silently.
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = cl.Ping(pctx)
+	cancel()
+	if err != nil && isFatal(err) {
+		cl.Close()
+		return fmt.Errorf("kpar: connecting to the brokers: %w", err)
+	}
 
 	// Handlers keep running while Run drains; this context is cancelled
 	// only when the drain times out, or after Run is done.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the one test command (README, .ci/run).
-# Installs what the tests need when it is missing (kcat, PostgreSQL),
+# Installs what the tests need when it is missing (kcat, PostgreSQL,
+# Chromium for the status-page test),
 # starts a PostgreSQL server on 127.0.0.1 for the dead-letter tests, then
 # runs `go test -race ./...` with any extra arguments passed through.
 set -euo pipefail
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
 ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "test.sh: installing ${need[*]}" >&2
