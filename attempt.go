@@ -132,7 +132,9 @@ func (e *engine) detectStuck(now time.Time) {
 	e.mu.Lock()
 	for _, ps := range e.parts {
 		off, ok := ps.win.Start()
-		if !ok || ps.win.Pending() == 0 {
+		// Retry topics hold records until they are due by design; a start
+		// waiting there for minutes is not stuck.
+		if !ok || ps.win.Pending() == 0 || ps.level > 0 {
 			ps.stuckSince = time.Time{}
 			continue
 		}

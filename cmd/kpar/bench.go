@@ -4,10 +4,153 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kpar/kpar/bench"
 )
 
-// cmdBench is a placeholder until the command lands.
-func cmdBench(_ context.Context, _ []string, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "kpar bench: not implemented yet")
-	return 1
+// benchChildFlag is the hidden first argument that makes `kpar bench` the
+// child process of the memory scenario: it reads one run from stdin and
+// writes its result, with its own peak RSS, to stdout.
+const benchChildFlag = "--child"
+
+// cmdBench runs the side-by-side benchmarks of package bench and prints a
+// Markdown table (or, with --json, the whole report) to stdout. Progress
+// goes to stderr. It exits 0 when every run worked, 1 when one failed (the
+// table still shows the others) and 2 for bad usage.
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == benchChildFlag {
+		if err := bench.ServeChild(ctx, os.Stdin, stdout); err != nil {
+			fmt.Fprintf(stderr, "kpar bench: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	fs := newFlagSet("bench", `
+
+Runs each contender against one in-process kfake broker loaded with the same
+topics, one after the other, and prints a Markdown table: records/s, a ratio
+(to the raw loop, to the ideal rate, to key-less ordering, to published
+numbers or to the smallest backlog, as the column says), buffered-to-handled
+latency p50/p99, peak RSS and heap (memory scenario), and lost and duplicated
+records (crash scenario). Compare ratios from one run; absolute rates on a
+shared machine mean little.
+
+Contenders: raw (one franz-go poll loop), per-partition (one group member per
+partition, kpar.RunMembers), naive-pool (one poller, a worker pool, commits the
+highest finished offset), kpar-key, kpar-partition, kpar-unordered, sarama.
+
+Scenarios: noop (no work), io (--latency sleep at --concurrency), keys (io in
+key mode with 10, 1,000 and 100,000 keys vs unordered), cpu (--cpu-work of CPU
+per record), memory (peak RSS over --backlogs, each run in a child process),
+pc-volume (the Java parallel consumer's volume test: 10,000 records, one
+partition, 0-5 ms random work, concurrency 100), crash (kill at a commit
+mid-run, restart: lost and duplicated records).`, stderr)
+	scenarios := fs.String("scenario", "all", "comma-separated `scenarios` to run: "+strings.Join(bench.Scenarios(), ", ")+", or all")
+	contenders := fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.Contenders(), ", ")+", or all")
+	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000); 0 keeps the defaults")
+	partitions := fs.Int("partitions", 8, "partitions of every topic but pc-volume's (always 1)")
+	valueBytes := fs.Int("value-bytes", 100, "value size of the noop, io, keys, cpu, pc-volume and crash records (memory's are 16 bytes)")
+	latency := fs.Duration("latency", 5*time.Millisecond, "handler latency of the io and keys scenarios (a sleep)")
+	concurrency := fs.Int("concurrency", 256, "concurrency of the io and keys scenarios (noop, cpu, memory and crash use kpar's default 64; pc-volume 100)")
+	cpuWork := fs.Duration("cpu-work", 50*time.Microsecond, "CPU time each record burns in the cpu scenario")
+	backlogs := fs.String("backlogs", "100000,1000000,10000000", "comma-separated backlog `sizes` of the memory scenario")
+	timeCap := fs.Duration("time-cap", 5*time.Second, "longest a run of io, keys or cpu may take; a slower contender is stopped and rated on what it handled")
+	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a Markdown table")
+	if code, ok := fs.parse(args); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return fs.usageError("unexpected argument %q", fs.Arg(0))
+	}
+
+	cfg := bench.Config{
+		Records:     *records,
+		Partitions:  *partitions,
+		ValueBytes:  *valueBytes,
+		Latency:     *latency,
+		Concurrency: *concurrency,
+		CPUWork:     *cpuWork,
+		TimeCap:     *timeCap,
+		Progress:    stderr,
+		Spawn: func(ctx context.Context) *exec.Cmd {
+			exe, err := os.Executable()
+			if err != nil {
+				exe = os.Args[0]
+			}
+			return exec.CommandContext(ctx, exe, "bench", benchChildFlag)
+		},
+	}
+	var err error
+	if cfg.Scenarios, err = list(*scenarios, bench.Scenarios()); err != nil {
+		return fs.usageError("invalid --scenario %q: %v", *scenarios, err)
+	}
+	if cfg.Contenders, err = list(*contenders, bench.Contenders()); err != nil {
+		return fs.usageError("invalid --contenders %q: %v", *contenders, err)
+	}
+	for _, s := range strings.Split(*backlogs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 100_000_000 {
+			return fs.usageError("invalid --backlogs %q: want sizes from 1 to 100000000, comma-separated", *backlogs)
+		}
+		cfg.Backlogs = append(cfg.Backlogs, n)
+	}
+	switch {
+	case *records < 0 || *records > 100_000_000:
+		return fs.usageError("invalid --records %d: want 0 (the defaults) to 100000000", *records)
+	case *partitions < 1 || *partitions > 1000:
+		return fs.usageError("invalid --partitions %d: want 1 to 1000", *partitions)
+	case *valueBytes < 1 || *valueBytes > 1<<20:
+		return fs.usageError("invalid --value-bytes %d: want 1 to 1048576", *valueBytes)
+	case *latency <= 0 || *latency > 10*time.Second:
+		return fs.usageError("invalid --latency %v: want more than 0, up to 10s", *latency)
+	case *concurrency < 1 || *concurrency > 1<<16:
+		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
+	case *cpuWork <= 0 || *cpuWork > time.Second:
+		return fs.usageError("invalid --cpu-work %v: want more than 0, up to 1s", *cpuWork)
+	case *timeCap <= 0:
+		return fs.usageError("invalid --time-cap %v: want more than 0", *timeCap)
+	}
+
+	rep, err := bench.Run(ctx, cfg)
+	if rep != nil {
+		if *jsonOut {
+			_ = rep.WriteJSON(stdout)
+		} else {
+			_ = rep.WriteMarkdown(stdout)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kpar bench: %v\n", err)
+		return 1
+	}
+	if rep.Failed() {
+		fmt.Fprintln(stderr, "kpar bench: some runs failed; see the error notes in the table")
+		return 1
+	}
+	return 0
+}
+
+// list parses a comma-separated list of names from all ("all" for every
+// one), keeping all's order.
+func list(s string, all []string) ([]string, error) {
+	if strings.TrimSpace(s) == "all" {
+		return all, nil
+	}
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(all, n) {
+			return nil, fmt.Errorf("unknown name %q: want %s, or all", n, strings.Join(all, ", "))
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
