@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -434,5 +436,154 @@ func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
 	}
 	if calls != 3 {
 		t.Fatalf("flaky record called %d times, want 3", calls)
+	}
+}
+
+// switchProxy forwards TCP connections to target while up; while down it
+// refuses new connections and cuts the open ones, like a stopped server.
+type switchProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	up     bool
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newSwitchProxy(t *testing.T, target string) *switchProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &switchProxy{ln: ln, target: target}
+	p.wg.Go(p.serve)
+	t.Cleanup(func() { ln.Close(); p.setUp(false); p.wg.Wait() })
+	return p
+}
+
+func (p *switchProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		up := p.up
+		p.mu.Unlock()
+		if !up {
+			c.Close()
+			continue
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Go(func() { io.Copy(s, c); s.Close() })
+		p.wg.Go(func() { io.Copy(c, s); c.Close() })
+	}
+}
+
+func (p *switchProxy) setUp(up bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.up = up
+	if !up {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// TestPostgresOutageHoldsTheWindow: while PostgreSQL is unreachable, the
+// poison record stays unfinished and no commit passes it; once the server
+// is back, the letter is stored once and the window moves on.
+func TestPostgresOutageHoldsTheWindow(t *testing.T) {
+	dsn := os.Getenv("KPAR_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("KPAR_TEST_POSTGRES is unset; scripts/test.sh starts PostgreSQL and sets it")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newSwitchProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	q := u.Query()
+	q.Set("connect_timeout", "1")
+	u.RawQuery = q.Encode()
+	table := fmt.Sprintf("kpar_outage_%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sink, err := deadletter.OpenPostgresSink(ctx, u.String(), deadletter.Table(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+
+	const n, poison = 50, 5
+	c := newCluster(t, "pgout", 1)
+	produce(t, c, "pgout", n, 5)
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		if r.Offset == poison {
+			return Permanent(errors.New("poison"))
+		}
+		return nil
+	})
+	var (
+		mu        sync.Mutex
+		maxCommit int64 = -1
+	)
+	failedWrites := make(chan struct{}, 100)
+	done, doneCh := committedTo("pgout", n)
+	hooks := []Hook{
+		done,
+		commitHook(func(offs map[string]map[int32]int64, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if o, ok := offs["pgout"][0]; ok && err == nil {
+				maxCommit = max(maxCommit, o)
+			}
+		}),
+		deadLetterFailedHook(func() {
+			select {
+			case failedWrites <- struct{}{}:
+			default:
+			}
+		}),
+	}
+	cons, err := New(h, append(testOpts(c, "g", "pgout"), WithOrdering(Unordered),
+		RetryBackoff(10*time.Millisecond, 50*time.Millisecond), DeadLetters(sink), WithHooks(hooks...))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons) // the proxy starts down: PostgreSQL is unreachable
+	for range 2 {
+		select {
+		case <-failedWrites:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the PostgreSQL outage was never hit")
+		}
+	}
+	mu.Lock()
+	during := maxCommit
+	mu.Unlock()
+	if during > poison {
+		t.Fatalf("committed %d while PostgreSQL was down, past the unfinished offset %d", during, poison)
+	}
+	proxy.setUp(true)
+	waitFor(t, doneCh, 30*time.Second, "the commit to pass the poison record after PostgreSQL came back")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	q.Set(deadletter.TableParam, table)
+	u.RawQuery = q.Encode()
+	letters := readLetters(t, u.String())
+	if len(letters) != 1 || letters[0].Record.Offset != poison {
+		t.Fatalf("dead letters after the outage: %d, want the one at %d", len(letters), poison)
 	}
 }
