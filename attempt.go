@@ -25,6 +25,7 @@ type attemptCtx struct {
 	context.Context // parent: Values; its cancellation is relayed by the watchdog
 	deadline        time.Time
 	task            *task // the attempt's (first) record, for reports
+	attempt         int   // task's attempt number, for reports
 
 	mu   sync.Mutex
 	done chan struct{}
@@ -172,7 +173,7 @@ func (e *engine) attemptsOf(p tp, offset int64) int {
 	}
 	for i := range e.slots {
 		if a := e.slots[i].Load(); a != nil && match(a.task) {
-			return a.task.Value.attempts
+			return a.attempt
 		}
 	}
 	for t := range e.timers {

@@ -164,9 +164,10 @@ type PartitionStats struct {
 	// Buffered is the window's size: records from Start through End. It
 	// never exceeds WindowRecords.
 	Buffered int
-	// Held counts fetched records waiting for room in a full window; the
-	// partition stays paused while any are held, so they never exceed one
-	// fetch of the partition.
+	// Held counts fetched records waiting for room in a full window. Once
+	// a window's worth is held the partition is paused until half of it
+	// moved into the window, so Held never exceeds WindowRecords plus one
+	// fetch.
 	Held int
 	// Finished counts records above Start that are already done.
 	Finished int

@@ -15,9 +15,10 @@
 // loses the slow record that a faster one overtook.
 //
 // A window is bounded (WindowRecords per partition, MaxBufferedBytes over
-// all partitions). A partition whose window fills is paused at the client
-// and resumed once it drains to half, so a slow handler slows fetching down
-// instead of growing memory.
+// all partitions). Records fetched beyond a full window wait outside it, up
+// to one more window's worth; then the partition is paused at the client
+// and resumed once half of those moved in, so a slow handler slows fetching
+// down instead of growing memory, and a fast one never waits for a fetch.
 //
 // # Ordering
 //

@@ -45,6 +45,12 @@ type item struct {
 	attempts int
 	first    time.Time // first dispatch, for latency
 
+	x *extra // failure and retry-topic state; nil for most records
+}
+
+// extra is the state of the few records that failed or came from a retry
+// topic, kept out of item so the common record stays small.
+type extra struct {
 	// Failure history, set under mu by fail.
 	firstFailure time.Time
 	lastFailure  time.Time
@@ -61,16 +67,38 @@ type item struct {
 	origin        *kgo.Record
 }
 
+// ext returns it's extra state, allocating it on first use.
+func (it *item) ext() *extra {
+	if it.x == nil {
+		it.x = new(extra)
+	}
+	return it.x
+}
+
+// level is the retry topic level the record came from, 0 for the original
+// topic.
+func (it *item) level() int {
+	if it.x == nil {
+		return 0
+	}
+	return it.x.level
+}
+
 // original is the record as the handler sees it: for a record from a retry
 // topic, the original topic, partition, offset and headers.
 func (it *item) original() *kgo.Record {
-	if it.origin != nil {
-		return it.origin
+	if it.x != nil && it.x.origin != nil {
+		return it.x.origin
 	}
 	return it.rec
 }
 
-func (it *item) totalAttempts() int { return it.priorAttempts + it.attempts }
+func (it *item) totalAttempts() int {
+	if it.x == nil {
+		return it.attempts
+	}
+	return it.x.priorAttempts + it.attempts
+}
 
 type task = sched.Task[item]
 
@@ -98,8 +126,9 @@ type partState struct {
 	running int   // records inside a handler right now
 	paused  bool
 	// held are fetched records that did not fit in the window, in offset
-	// order, waiting for room. While any are held the partition is paused,
-	// so held records never exceed one fetch of the partition.
+	// order, waiting for room. Once a window's worth is held the partition
+	// is paused until half of that drained, so held records never exceed
+	// one window plus one fetch of the partition.
 	held      []*kgo.Record
 	committed int64         // last committed offset, -1 for none
 	idle      chan struct{} // closed when running drops to 0 while revoking
@@ -167,7 +196,6 @@ func newEngine(c *Consumer) *engine {
 	if e.stuckAfter == 0 {
 		e.stuckAfter = 2 * c.cfg.attemptTimeout
 	}
-	e.low = c.cfg.windowRecords / 2
 	e.cond.L = &e.mu
 	return e
 }
@@ -177,7 +205,10 @@ func (e *engine) clientOpts() []kgo.Opt {
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		// Resuming a paused partition takes effect with the next fetch; a
 		// shorter wait bounds how long that can take on a quiet broker.
-		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.FetchMaxWait(100 * time.Millisecond),
+		// The client's buffered fetches are memory too: keep them within
+		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
+		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
 		kgo.WithLogger(kgoLogger{e.log}),
 	}
 	opts = append(opts, e.cfg.clientOpts...)
@@ -374,9 +405,13 @@ func (e *engine) waitForBytes(ctx context.Context) bool {
 	return true
 }
 
+// recordOverhead approximates the memory a buffered record costs beyond its
+// bytes: the kgo.Record and kpar's task.
+const recordOverhead = 256
+
 // recordSize is what a buffered record counts against MaxBufferedBytes.
 func recordSize(r *kgo.Record) int64 {
-	n := len(r.Key) + len(r.Value)
+	n := recordOverhead + len(r.Key) + len(r.Value)
 	for _, h := range r.Headers {
 		n += len(h.Key) + len(h.Value)
 	}
@@ -384,9 +419,9 @@ func recordSize(r *kgo.Record) int64 {
 }
 
 // admit puts polled records into their windows and the scheduler. Records
-// that do not fit in a full window are held, and their partition paused,
-// until the window has room: the client stops fetching that partition while
-// the others go on.
+// that do not fit in a full window are held until it has room; once a
+// window's worth is held the partition is paused: the client stops fetching
+// it while the others go on.
 func (e *engine) admit(fs kgo.Fetches) {
 	if fs.NumRecords() == 0 {
 		return
@@ -423,8 +458,12 @@ func (e *engine) admit(fs kgo.Fetches) {
 			e.push(ps, recs[:room])
 			recs = recs[room:]
 		}
-		if len(recs) > 0 {
-			ps.held = append(ps.held, recs...)
+		ps.held = append(ps.held, recs...)
+		// Keep up to one window of records fetched ahead, so a draining
+		// window refills without waiting for a fetch; pause beyond that.
+		// (A resume takes effect only with the next fetch, which can wait
+		// FetchMaxWait, so pausing on every overflow stalls the pipeline.)
+		if len(ps.held) >= e.cfg.windowRecords {
 			if !ps.paused {
 				ps.paused = true
 				e.cl.PauseFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
@@ -530,24 +569,46 @@ func (e *engine) worker(ctx context.Context, slot int) {
 // the handler's time per record.
 func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord time.Duration) time.Duration {
 	start := time.Now()
+	// A batch only forms when the handler is fast; its records then share
+	// one attempt context and one clock reading, which would otherwise cost
+	// more than the handler. If the shared context is cancelled (the batch
+	// ran past AttemptTimeout), the rest get contexts of their own.
+	var shared *attemptCtx
 	now := start
 	for i, t := range batch {
-		if i > 0 {
+		if shared == nil && i > 0 {
 			now = time.Now()
 		}
 		e.dispatched(t, now)
-		actx := &attemptCtx{Context: ctx, deadline: now.Add(e.cfg.attemptTimeout), task: t}
-		e.slots[slot].Store(actx)
+		actx := shared
+		if actx == nil {
+			actx = &attemptCtx{Context: ctx, deadline: now.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
+			e.slots[slot].Store(actx)
+			if i == 0 && len(batch) > 1 {
+				shared = actx
+			}
+		}
 		err := e.call(actx, t.Value.original())
-		e.slots[slot].Store(nil)
 		timedOut := err != nil && actx.timedOut()
+		if actx != shared || actx.Err() != nil {
+			e.slots[slot].Store(nil)
+			shared = nil
+		}
 		backoff := e.observe(t, err)
 		e.mu.Lock()
-		e.finish(t, err, timedOut, backoff, now)
+		handedOver := e.finish(t, err, timedOut, backoff, now)
 		batch[i] = nil
 		if i < len(batch)-1 {
+			if handedOver {
+				e.wake(1)
+			}
 			e.mu.Unlock()
 		}
+		// After the last record this worker takes again at once, so it
+		// runs a lane successor itself: no wake-up, no hand-off.
+	}
+	if shared != nil {
+		e.slots[slot].Store(nil)
 	}
 	took := time.Since(start) / time.Duration(len(batch))
 	if perRecord > time.Minute {
@@ -565,7 +626,7 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 		e.dispatched(t, start)
 		*recs = append(*recs, t.Value.original())
 	}
-	actx := &attemptCtx{Context: ctx, deadline: start.Add(e.cfg.attemptTimeout), task: batch[0]}
+	actx := &attemptCtx{Context: ctx, deadline: start.Add(e.cfg.attemptTimeout), task: batch[0], attempt: batch[0].Value.attempts}
 	e.slots[slot].Store(actx)
 	err := e.callBatch(actx, *recs)
 	e.slots[slot].Store(nil)
@@ -576,10 +637,14 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 	}
 	now := time.Now()
 	e.mu.Lock()
+	handedOver := 0
 	for i, t := range batch {
-		e.finish(t, err, timedOut, backoffs[i], now)
+		if e.finish(t, err, timedOut, backoffs[i], now) {
+			handedOver++
+		}
 		batch[i] = nil
 	}
+	e.wake(handedOver - 1) // this worker takes one itself
 	clear(*recs)
 }
 
@@ -602,7 +667,7 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 			continue // revoked: its new owner handles it
 		}
 		if ps.level > 0 {
-			if wait := time.Until(t.Value.due); wait > 0 {
+			if wait := time.Until(t.Value.x.due); wait > 0 {
 				// Not due yet: wait on a timer, not on a worker. The
 				// retry partition's window fills and pauses meanwhile.
 				e.retryLater(t, wait)
@@ -642,7 +707,7 @@ func (e *engine) fillBatch(batch []*task, first *task) []*task {
 }
 
 func isLaned(o Ordering, t *task) bool {
-	return t.Value.level == 0 && (o == Partition || (o == Key && t.Value.rec.Key != nil))
+	return t.Value.x == nil && (o == Partition || (o == Key && t.Value.rec.Key != nil))
 }
 
 func (e *engine) dispatched(t *task, now time.Time) {
@@ -713,37 +778,37 @@ func (e *engine) backoff(attempt int) time.Duration {
 	return time.Duration(rand.Int64N(int64(d)) + 1)
 }
 
-// finish records the outcome of one attempt. Called with mu held.
-func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
+// finish records the outcome of one attempt and reports whether it made the
+// record's lane successor ready (see complete). Called with mu held.
+func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) (handedOver bool) {
 	ps := t.Value.part
 	ps.running--
-	defer func() {
-		if ps.running == 0 && ps.idle != nil {
-			close(ps.idle)
-			ps.idle = nil
-		}
-	}()
 	switch {
 	case ps.status == dropped:
-		return
 	case err == nil:
-		e.complete(t)
+		handedOver = e.complete(t)
 	case ps.status == revoking:
 		// Not retried here: the record stays unfinished, so the revoke
 		// commit stops below it and the next owner handles it.
 	default:
 		e.fail(t, err, timedOut, backoff, now)
 	}
+	if ps.running == 0 && ps.idle != nil {
+		close(ps.idle)
+		ps.idle = nil
+	}
+	return handedOver
 }
 
 // complete marks a record done: its window may move, its lane hands over,
 // its bytes are released. Called with mu held.
-func (e *engine) complete(t *task) {
+func (e *engine) complete(t *task) (handedOver bool) {
 	ps := t.Value.part
 	ps.win.Done(t.Value.seq)
 	if next := ps.lanes.Release(t); next != nil {
+		// The caller wakes a worker for it, or takes it itself.
 		e.ready.Push(next)
-		e.wake(1)
+		handedOver = true
 	}
 	e.release(ps, t)
 	if len(ps.held) > 0 {
@@ -760,13 +825,14 @@ func (e *engine) complete(t *task) {
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}
-	if ps.paused && len(ps.held) == 0 && ps.win.Len() <= e.low {
+	if ps.paused && len(ps.held) <= e.cfg.windowRecords/2 {
 		ps.paused = false
 		e.cl.ResumeFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
 		for _, h := range e.hooks.resumed {
 			h.OnPartitionResumed(ps.topic, ps.partition, ps.win.Len())
 		}
 	}
+	return handedOver
 }
 
 // release returns a finished record's budget. Called with mu held.

@@ -30,25 +30,26 @@ func classify(err error, timedOut bool) deadletter.Class {
 // Called with mu held.
 func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
 	it := &t.Value
-	if it.firstFailure.IsZero() {
-		it.firstFailure = now
+	x := it.ext()
+	if x.firstFailure.IsZero() {
+		x.firstFailure = now
 	}
-	it.lastFailure, it.lastErr = now, err
-	it.class = classify(err, timedOut)
-	if it.class != deadletter.ClassPermanent && it.attempts < e.attemptsAllowed(it) {
+	x.lastFailure, x.lastErr = now, err
+	x.class = classify(err, timedOut)
+	if x.class != deadletter.ClassPermanent && it.attempts < e.attemptsAllowed(it) {
 		e.retryLater(t, backoff)
 		return
 	}
 	switch {
-	case it.class != deadletter.ClassPermanent && it.level < len(e.cfg.retryTopics):
+	case x.class != deadletter.ClassPermanent && x.level < len(e.cfg.retryTopics):
 		e.exile(t)
 	case e.cfg.deadLetters != nil:
 		e.exile(t)
 	default:
-		if !it.warnedNoSink {
-			it.warnedNoSink = true
+		if !x.warnedNoSink {
+			x.warnedNoSink = true
 			e.log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
-				"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "class", it.class, "err", err)
+				"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "class", x.class, "err", err)
 		}
 		e.retryLater(t, e.cfg.retryMax)
 	}
@@ -57,7 +58,7 @@ func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, 
 // attemptsAllowed is MaxAttempts on the original topic and one attempt per
 // retry topic: each retry topic is itself a delayed retry.
 func (e *engine) attemptsAllowed(it *item) int {
-	if it.level > 0 {
+	if it.level() > 0 {
 		return 1
 	}
 	return e.cfg.maxAttempts
@@ -105,7 +106,7 @@ func (e *engine) exileWriter(ctx context.Context) {
 func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	var toRetry, toDead []*task
 	for _, t := range batch {
-		if t.Value.class != deadletter.ClassPermanent && t.Value.level < len(e.cfg.retryTopics) {
+		if x := t.Value.x; x.class != deadletter.ClassPermanent && x.level < len(e.cfg.retryTopics) {
 			toRetry = append(toRetry, t)
 		} else {
 			toDead = append(toDead, t)
@@ -133,13 +134,13 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 		}
 	}
 	e.mu.Lock()
+	handedOver := 0
 	for _, t := range batch {
-		ps := t.Value.part
-		if ps.status == dropped {
-			continue
+		if t.Value.part.status != dropped && e.complete(t) {
+			handedOver++
 		}
-		e.complete(t)
 	}
+	e.wake(handedOver)
 	e.mu.Unlock()
 	return true
 }
@@ -157,22 +158,23 @@ func (e *engine) sinkBackoff(attempt int) time.Duration {
 
 func (e *engine) letter(t *task) deadletter.DeadLetter {
 	it := &t.Value
+	x := it.ext()
 	msg := ""
-	if it.lastErr != nil {
-		msg = it.lastErr.Error()
+	if x.lastErr != nil {
+		msg = x.lastErr.Error()
 		var pe *PanicError
-		if errors.As(it.lastErr, &pe) {
+		if errors.As(x.lastErr, &pe) {
 			msg += "\n" + string(pe.Stack)
 		}
 	}
 	return deadletter.DeadLetter{
 		Record:       it.original(),
 		Group:        e.cfg.group,
-		Class:        it.class,
+		Class:        x.class,
 		Message:      msg,
 		Attempts:     it.totalAttempts(),
-		FirstFailure: it.firstFailure,
-		LastFailure:  it.lastFailure,
+		FirstFailure: x.firstFailure,
+		LastFailure:  x.lastFailure,
 	}
 }
 

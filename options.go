@@ -147,8 +147,9 @@ func BatchSize(n int) Opt { return opt(func(c *cfg) { c.batchSize = n }) }
 
 // WindowRecords bounds each partition's window: the records from the
 // lowest unfinished offset through the newest fetched one, overriding the
-// default 1000. A partition whose window is full is paused until it drains
-// to half. It also bounds the duplicates a crash can cause per partition.
+// default 1000. Up to one more window's worth of fetched records waits
+// outside a full window; beyond that the partition is paused. It also
+// bounds the duplicates a crash can cause per partition.
 func WindowRecords(n int) Opt { return opt(func(c *cfg) { c.windowRecords = n }) }
 
 // MaxBufferedBytes bounds the key, value and header bytes of all records

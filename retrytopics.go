@@ -106,7 +106,8 @@ func (e *engine) createRetryTopics(ctx context.Context) {
 // handler sees.
 func decodeRetry(it *item, level int) {
 	r := it.rec
-	it.level = level
+	x := it.ext()
+	x.level = level
 	orig := *r
 	orig.Headers = nil
 	for _, h := range r.Headers {
@@ -124,18 +125,18 @@ func decodeRetry(it *item, level int) {
 			orig.Timestamp = time.UnixMilli(ms)
 		case HeaderRetryDue:
 			ms, _ := strconv.ParseInt(v, 10, 64)
-			it.due = time.UnixMilli(ms)
+			x.due = time.UnixMilli(ms)
 		case HeaderRetryAttempts:
-			it.priorAttempts, _ = strconv.Atoi(v)
+			x.priorAttempts, _ = strconv.Atoi(v)
 		case HeaderRetryFirst:
 			ms, _ := strconv.ParseInt(v, 10, 64)
-			it.firstFailure = time.UnixMilli(ms)
+			x.firstFailure = time.UnixMilli(ms)
 		case HeaderRetryLevel, HeaderRetryClass, HeaderRetryMessage:
 		default:
 			orig.Headers = append(orig.Headers, h)
 		}
 	}
-	it.origin = &orig
+	x.origin = &orig
 }
 
 // writeRetries produces records to their next retry topic and waits for the
@@ -148,12 +149,13 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
 	recs := make([]*kgo.Record, len(ts))
 	for i, t := range ts {
 		it := &t.Value
+		x := it.ext()
 		orig := it.original()
-		next := it.level + 1
+		next := x.level + 1
 		due := now.Add(e.cfg.retryTopics[next-1])
 		msg := ""
-		if it.lastErr != nil {
-			msg = it.lastErr.Error()
+		if x.lastErr != nil {
+			msg = x.lastErr.Error()
 		}
 		hs := append([]kgo.RecordHeader(nil), orig.Headers...)
 		hs = append(hs,
@@ -164,8 +166,8 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
 			kgo.RecordHeader{Key: HeaderRetryLevel, Value: strconv.AppendInt(nil, int64(next), 10)},
 			kgo.RecordHeader{Key: HeaderRetryDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)},
 			kgo.RecordHeader{Key: HeaderRetryAttempts, Value: strconv.AppendInt(nil, int64(it.totalAttempts()), 10)},
-			kgo.RecordHeader{Key: HeaderRetryFirst, Value: strconv.AppendInt(nil, it.firstFailure.UnixMilli(), 10)},
-			kgo.RecordHeader{Key: HeaderRetryClass, Value: []byte(it.class)},
+			kgo.RecordHeader{Key: HeaderRetryFirst, Value: strconv.AppendInt(nil, x.firstFailure.UnixMilli(), 10)},
+			kgo.RecordHeader{Key: HeaderRetryClass, Value: []byte(x.class)},
 			kgo.RecordHeader{Key: HeaderRetryMessage, Value: []byte(msg)},
 		)
 		recs[i] = &kgo.Record{
@@ -181,7 +183,7 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
 	}
 	for i, t := range ts {
 		e.log.Info("kpar: record sent to retry topic", "topic", recs[i].Topic,
-			"original_offset", t.Value.original().Offset, "due_in", e.cfg.retryTopics[t.Value.level])
+			"original_offset", t.Value.original().Offset, "due_in", e.cfg.retryTopics[t.Value.level()])
 	}
 	return nil
 }

@@ -61,6 +61,8 @@ mid-run, restart: lost and duplicated records).`, stderr)
 	cpuWork := fs.Duration("cpu-work", 50*time.Microsecond, "CPU time each record burns in the cpu scenario")
 	backlogs := fs.String("backlogs", "100000,1000000,10000000", "comma-separated backlog `sizes` of the memory scenario")
 	timeCap := fs.Duration("time-cap", 5*time.Second, "longest a run of io, keys or cpu may take; a slower contender is stopped and rated on what it handled")
+	fetchMaxWait := fs.Duration("fetch-max-wait", 0, "pass this fetch long-poll wait to every contender's client instead of each one's default (kpar 500ms, franz-go 5s, sarama 500ms); 0 keeps the defaults")
+	cpuProfile := fs.String("cpuprofile", "", "write each run's CPU profile, of its measured interval only, to `PREFIX`-<scenario>-<contender>-<n>.pprof (for go tool pprof)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a Markdown table")
 	if code, ok := fs.parse(args); !ok {
 		return code
@@ -70,14 +72,16 @@ mid-run, restart: lost and duplicated records).`, stderr)
 	}
 
 	cfg := bench.Config{
-		Records:     *records,
-		Partitions:  *partitions,
-		ValueBytes:  *valueBytes,
-		Latency:     *latency,
-		Concurrency: *concurrency,
-		CPUWork:     *cpuWork,
-		TimeCap:     *timeCap,
-		Progress:    stderr,
+		Records:      *records,
+		Partitions:   *partitions,
+		ValueBytes:   *valueBytes,
+		Latency:      *latency,
+		Concurrency:  *concurrency,
+		CPUWork:      *cpuWork,
+		TimeCap:      *timeCap,
+		FetchMaxWait: *fetchMaxWait,
+		CPUProfile:   *cpuProfile,
+		Progress:     stderr,
 		Spawn: func(ctx context.Context) *exec.Cmd {
 			exe, err := os.Executable()
 			if err != nil {
@@ -115,6 +119,8 @@ mid-run, restart: lost and duplicated records).`, stderr)
 		return fs.usageError("invalid --cpu-work %v: want more than 0, up to 1s", *cpuWork)
 	case *timeCap <= 0:
 		return fs.usageError("invalid --time-cap %v: want more than 0", *timeCap)
+	case *fetchMaxWait < 0 || *fetchMaxWait > time.Minute:
+		return fs.usageError("invalid --fetch-max-wait %v: want 0 (the defaults) to 1m", *fetchMaxWait)
 	}
 
 	rep, err := bench.Run(ctx, cfg)

@@ -1,0 +1,175 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestMain doubles as the memory scenario's child process: with
+// KPAR_BENCH_CHILD=1 the test binary serves one child run and exits.
+func TestMain(m *testing.M) {
+	if os.Getenv("KPAR_BENCH_CHILD") == "1" {
+		if err := ServeChild(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	code := m.Run()
+	if shared != nil {
+		shared.close()
+	}
+	os.Exit(code)
+}
+
+func spawnTestChild(ctx context.Context) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KPAR_BENCH_CHILD=1")
+	return cmd
+}
+
+func TestRunSmallNoop(t *testing.T) {
+	cfg := Config{Scenarios: []string{Noop}, Contenders: []string{Raw, NaivePool, KparUnordered}, Records: 3000}
+	if testing.Verbose() {
+		cfg.Progress = os.Stderr
+	}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 3 {
+		t.Fatalf("%d results, want 3", len(rep.Results))
+	}
+	for _, res := range rep.Results {
+		if res.Err != "" || res.Records != 3000 || res.Lost != 0 || res.Duplicates != 0 || res.RatioTo != "raw" {
+			t.Errorf("%s: %+v", res.Contender, res)
+		}
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil || !bytes.Contains(md.Bytes(), []byte("| noop | - | kpar-unordered | 3,000 |")) {
+		t.Errorf("markdown (%v):\n%s", err, md.String())
+	}
+}
+
+// TestCrashShowsNaivePoolLoss runs the crash scenario small: kpar loses
+// nothing, and the naive pool loses records. How many depends on what is in
+// flight at the kill, so the naive pool gets three tries to show it.
+func TestCrashShowsNaivePoolLoss(t *testing.T) {
+	cfg := Config{Scenarios: []string{Crash}, Contenders: []string{NaivePool, KparUnordered}, Records: 4000}
+	if testing.Verbose() {
+		cfg.Progress = os.Stderr
+	}
+	naiveLost := false
+	for try := 0; try < 3 && !naiveLost; try++ {
+		rep, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, res := range rep.Results {
+			if res.Err != "" {
+				t.Fatalf("%s: %s", res.Contender, res.Err)
+			}
+			switch res.Contender {
+			case NaivePool:
+				naiveLost = res.Lost > 0
+			case KparUnordered:
+				if res.Lost != 0 {
+					t.Fatalf("kpar lost %d records: %+v", res.Lost, res)
+				}
+			}
+		}
+	}
+	if !naiveLost {
+		t.Error("the naive pool lost nothing in three crashes")
+	}
+}
+
+func TestMemoryChildReportsPeakRSS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns a child process")
+	}
+	cfg := Config{Scenarios: []string{Memory}, Contenders: []string{KparKey}, Backlogs: []int{2000}, Spawn: spawnTestChild}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 1 || rep.Results[0].Err != "" || rep.Results[0].PeakRSS <= 0 || rep.Results[0].Records != 2000 {
+		t.Fatalf("%+v", rep.Results)
+	}
+}
+
+// ---- go test -bench ----
+
+var (
+	sharedOnce sync.Once
+	shared     *runner
+	sharedErr  error
+)
+
+// benchRunner is one broker for every benchmark of the process.
+func benchRunner(b *testing.B) *runner {
+	sharedOnce.Do(func() {
+		cfg := DefaultConfig()
+		shared, sharedErr = newRunner(cfg)
+	})
+	if sharedErr != nil {
+		b.Fatal(sharedErr)
+	}
+	return shared
+}
+
+var benchTopics int
+
+// benchScenario runs each contender on a fresh topic of b.N records and
+// reports records/s; one op is one record.
+func benchScenario(b *testing.B, scenario string, names []string, keys int, w func() work, concurrency int) {
+	r := benchRunner(b)
+	for _, name := range names {
+		c, _ := contenderNamed(name)
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			ctx := context.Background()
+			benchTopics++
+			t, err := r.topic(ctx, fmt.Sprintf("bench-%s-%d", scenario, benchTopics), 8, keys, 100, int64(b.N))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			b.ResetTimer()
+			res := r.measure(ctx, runSpec{scenario: scenario, c: c, t: t, work: w(), concurrency: concurrency,
+				onStart: b.StartTimer, onStop: b.StopTimer})
+			if res.Err != "" {
+				b.Fatal(res.Err)
+			}
+			b.ReportMetric(res.RecordsPerSec, "records/s")
+			if res.P99Ms != nil {
+				b.ReportMetric(*res.P99Ms, "p99-ms")
+			}
+		})
+	}
+}
+
+func BenchmarkNoop(b *testing.B) {
+	benchScenario(b, Noop, Contenders(), 100_000, func() work { return noWork }, defaultConcurrency)
+}
+
+func BenchmarkIO(b *testing.B) {
+	benchScenario(b, IO, []string{PerPartition, NaivePool, KparKey, KparPartition, KparUnordered, Sarama}, 100_000,
+		func() work { return sleepWork(5 * time.Millisecond) }, 256)
+}
+
+func BenchmarkKeys1000(b *testing.B) {
+	benchScenario(b, Keys, []string{KparKey, KparUnordered}, 1000,
+		func() work { return sleepWork(5 * time.Millisecond) }, 256)
+}
+
+func BenchmarkCPU(b *testing.B) {
+	iters := calibrateBurn(50 * time.Microsecond)
+	benchScenario(b, CPU, Contenders(), 100_000, func() work { return burnWork(iters) }, defaultConcurrency)
+}

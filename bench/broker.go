@@ -1,0 +1,378 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/kpar/kpar/internal/embedded"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// broker is the one in-process kfake broker every contender of a run
+// consumes from, with an admin client that loads topics and watches groups.
+type broker struct {
+	kc   *embedded.Cluster
+	addr string
+	cl   *kgo.Client // loads records (pinned to produce v9: names, not topic IDs)
+	adm  *kadm.Client
+}
+
+func startBroker() (*broker, error) {
+	kc, err := embedded.Start(embedded.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("starting the broker: %w", err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.Addr()), kgo.MaxVersions(kversion.V3_0_0()))
+	if err != nil {
+		kc.Close()
+		return nil, err
+	}
+	return &broker{kc: kc, addr: kc.Addr(), cl: cl, adm: kadm.NewClient(cl)}, nil
+}
+
+func (b *broker) close() {
+	b.cl.Close()
+	b.kc.Close()
+}
+
+// topic is a loaded topic: what is in it, so runs know when they are done.
+type topic struct {
+	name       string
+	partitions int
+	keys       int     // distinct keys; 0 for nil keys
+	valueBytes int     // bytes per value
+	ends       []int64 // records per partition (offsets start at 0)
+	total      int64
+}
+
+func (b *broker) createTopic(ctx context.Context, name string, partitions, keys, valueBytes int) (*topic, error) {
+	resp, err := b.adm.CreateTopic(ctx, int32(partitions), 1, nil, name)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("creating topic %s: %w", name, err)
+	}
+	return &topic{name: name, partitions: partitions, keys: keys, valueBytes: valueBytes, ends: make([]int64, partitions)}, nil
+}
+
+// keyOf is record i's key: one of t.keys keys, or nil.
+func (t *topic) keyOf(i int64, buf []byte) []byte {
+	if t.keys == 0 {
+		return nil
+	}
+	return strconv.AppendInt(append(buf[:0], 'k'), i%int64(t.keys), 10)
+}
+
+// partitionOf places a keyed record by the hash of its key, as Kafka's
+// partitioners do (so a key lives in one partition), and an unkeyed one
+// round-robin.
+func (t *topic) partitionOf(i int64, key []byte) int {
+	if key == nil {
+		return int(i % int64(t.partitions))
+	}
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range key {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return int(h % uint32(t.partitions))
+}
+
+// load appends n more records to t: record i gets key keyOf(i) and a value
+// of valueBytes bytes that starts with i. It builds record batches itself
+// and sends them in large produce requests, about ten times faster than a
+// producer client, so a 10^7 backlog takes seconds.
+func (b *broker) load(ctx context.Context, t *topic, n int64) error {
+	const (
+		batchRecords = 4096
+		batchBytes   = 256 << 10
+		requestBytes = 4 << 20
+	)
+	type pending struct {
+		recs []byte
+		n    int32
+	}
+	var (
+		parts   = make([]pending, t.partitions)
+		req     = kmsg.NewPtrProduceRequest()
+		reqSize int
+		key     []byte
+		value   = make([]byte, t.valueBytes)
+		num     [20]byte
+		ts      = time.Now().UnixMilli()
+	)
+	req.Acks = -1
+	req.TimeoutMillis = 30000
+	send := func() error {
+		if len(req.Topics) == 0 {
+			return nil
+		}
+		resp, err := req.RequestWith(ctx, b.cl)
+		if err != nil {
+			return fmt.Errorf("loading %s: %w", t.name, err)
+		}
+		for _, rt := range resp.Topics {
+			for _, rp := range rt.Partitions {
+				if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+					return fmt.Errorf("loading %s/%d: %w", t.name, rp.Partition, err)
+				}
+			}
+		}
+		req.Topics, reqSize = nil, 0
+		return nil
+	}
+	seal := func(p int) error {
+		pp := &parts[p]
+		if pp.n == 0 {
+			return nil
+		}
+		rb := kmsg.RecordBatch{
+			PartitionLeaderEpoch: -1,
+			Magic:                2,
+			LastOffsetDelta:      pp.n - 1,
+			FirstTimestamp:       ts,
+			MaxTimestamp:         ts,
+			ProducerID:           -1,
+			ProducerEpoch:        -1,
+			FirstSequence:        -1,
+			NumRecords:           pp.n,
+			Records:              pp.recs,
+		}
+		raw := rb.AppendTo(nil)
+		binary.BigEndian.PutUint32(raw[8:12], uint32(len(raw)-12))
+		binary.BigEndian.PutUint32(raw[17:21], crc32.Checksum(raw[21:], castagnoli))
+		rt := kmsg.NewProduceRequestTopic()
+		rt.Topic = t.name
+		rp := kmsg.NewProduceRequestTopicPartition()
+		rp.Partition = int32(p)
+		rp.Records = raw
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		reqSize += len(raw)
+		t.ends[p] += int64(pp.n)
+		t.total += int64(pp.n)
+		pp.recs, pp.n = nil, 0
+		if reqSize >= requestBytes {
+			return send()
+		}
+		return nil
+	}
+	start := t.total // seal moves t.total
+	for i := start; i < start+n; i++ {
+		key = t.keyOf(i, key)
+		p := t.partitionOf(i, key)
+		copy(value, strconv.AppendInt(num[:0], i, 10))
+		pp := &parts[p]
+		pp.recs = appendRecord(pp.recs, pp.n, key, value)
+		pp.n++
+		if pp.n >= batchRecords || len(pp.recs) >= batchBytes {
+			if err := seal(p); err != nil {
+				return err
+			}
+		}
+	}
+	for p := range parts {
+		if err := seal(p); err != nil {
+			return err
+		}
+	}
+	return send()
+}
+
+// warm reads t once from start to end outside any group, so that the first
+// measured run does not pay for what the broker and this process do on a
+// topic's first read (the first run was several times slower than the same
+// run repeated).
+func (b *broker) warm(ctx context.Context, t *topic) error {
+	offsets := map[int32]kgo.Offset{}
+	for p := range t.partitions {
+		offsets[int32(p)] = kgo.NewOffset().AtStart()
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addr), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.name: offsets}))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for n := int64(0); n < t.total; {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("warming %s: %w", t.name, err)
+		}
+		n += int64(fs.NumRecords())
+	}
+	return nil
+}
+
+// appendRecord appends one v2 record (no headers, timestamp delta 0).
+func appendRecord(dst []byte, offsetDelta int32, key, value []byte) []byte {
+	var body [32]byte
+	b := append(body[:0], 0) // attributes
+	b = binary.AppendVarint(b, 0)
+	b = binary.AppendVarint(b, int64(offsetDelta))
+	if key == nil {
+		b = binary.AppendVarint(b, -1)
+	} else {
+		b = binary.AppendVarint(b, int64(len(key)))
+	}
+	tail := binary.AppendVarint(nil, int64(len(value)))
+	length := len(b) + len(key) + len(tail) + len(value) + 1 // +1: header count
+	dst = binary.AppendVarint(dst, int64(length))
+	dst = append(dst, b...)
+	dst = append(dst, key...)
+	dst = append(dst, tail...)
+	dst = append(dst, value...)
+	return binary.AppendVarint(dst, 0)
+}
+
+// gate holds every fetch at the broker until it opens, so that a contender
+// can join its group (and, with several members, finish rebalancing) before
+// the clock starts: what is measured is consumption, not group formation.
+type gate struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (b *broker) closeGate() *gate {
+	g := &gate{ch: make(chan struct{})}
+	b.kc.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		select {
+		case <-g.ch:
+			b.kc.DropControl()
+		default:
+			b.kc.SleepControl(func() { <-g.ch })
+		}
+		return nil, nil, false // then kfake answers the fetch as usual
+	})
+	return g
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
+
+// waitStable waits until group has members members and all of the topic's
+// partitions are assigned, with no rebalance in progress.
+func (b *broker) waitStable(ctx context.Context, group string, members int, t *topic, stop <-chan error) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("group %s did not settle: %w", group, ctx.Err())
+		case err := <-stop:
+			return fmt.Errorf("the contender stopped before its group settled: %v", err)
+		case <-tick.C:
+		}
+		gs, err := b.adm.DescribeGroups(ctx, group)
+		if err != nil {
+			continue
+		}
+		g, ok := gs[group]
+		if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != members {
+			continue
+		}
+		assigned := 0
+		for _, m := range g.Members {
+			if ca, ok := m.Assigned.AsConsumer(); ok {
+				for _, at := range ca.Topics {
+					if at.Topic == t.name {
+						assigned += len(at.Partitions)
+					}
+				}
+			}
+		}
+		if assigned == t.partitions {
+			return nil
+		}
+	}
+}
+
+// committed sums the group's committed offsets on t and reports whether
+// every partition's commit reached its end.
+func (b *broker) committed(ctx context.Context, group string, t *topic) (sum int64, atEnd bool, err error) {
+	os, err := b.adm.FetchOffsets(ctx, group)
+	if err != nil {
+		return 0, false, err
+	}
+	atEnd = true
+	for p := range t.partitions {
+		o, ok := os.Lookup(t.name, int32(p))
+		if !ok || o.Err != nil || o.At < 0 {
+			atEnd = false
+			continue
+		}
+		sum += o.At
+		if o.At < t.ends[p] {
+			atEnd = false
+		}
+	}
+	return sum, atEnd, nil
+}
+
+// crashPoint simulates a kill of a group's consumer at a commit. Until
+// armed, the group's commits pass. The first commit after arming reaches
+// the broker and is applied, and at that instant the consumer counts as
+// killed: kill runs (the tracker stops counting completions). Every commit
+// of the group after it is refused, so nothing the dying consumer does
+// afterwards is durable. restart lets commits through again.
+type crashPoint struct {
+	armed  atomic.Bool
+	killed chan struct{}
+	state  atomic.Int32 // 0 running, 1 killed, 2 restarted
+}
+
+func (b *broker) crashAtCommit(group string, kill func()) *crashPoint {
+	cp := &crashPoint{killed: make(chan struct{})}
+	b.kc.ControlKey(int16(kmsg.OffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		if cp.state.Load() == 2 {
+			b.kc.DropControl()
+			return nil, nil, false
+		}
+		req := kr.(*kmsg.OffsetCommitRequest)
+		if req.Group != group {
+			return nil, nil, false
+		}
+		switch cp.state.Load() {
+		case 0:
+			if cp.armed.Load() {
+				cp.state.Store(1)
+				kill()
+				close(cp.killed)
+			}
+			return nil, nil, false
+		case 1:
+			b.kc.KeepControl()
+			resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+			for _, rt := range req.Topics {
+				st := kmsg.NewOffsetCommitResponseTopic()
+				st.Topic = rt.Topic
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewOffsetCommitResponseTopicPartition()
+					sp.Partition = rp.Partition
+					sp.ErrorCode = kerr.InvalidCommitOffsetSize.Code
+					st.Partitions = append(st.Partitions, sp)
+				}
+				resp.Topics = append(resp.Topics, st)
+			}
+			return resp, nil, true
+		default:
+			return nil, nil, false
+		}
+	})
+	return cp
+}
+
+func (cp *crashPoint) restart() { cp.state.Store(2) }

@@ -1,0 +1,305 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar"
+)
+
+// env is what one contender run gets: where to consume, and the handler
+// that does the scenario's work and counts the record.
+type env struct {
+	brokers     []string
+	topic       string
+	group       string
+	partitions  int
+	concurrency int
+	// commitEvery is kpar's CommitInterval and naive-pool's commit
+	// period; 0 keeps kpar's default (1s) and uses 1s for naive-pool.
+	commitEvery time.Duration
+	handle      func(ctx context.Context, r *kgo.Record) error
+	// kgoOpts go to every franz-go client of the run (the latency stamp
+	// hook and the heartbeat interval).
+	kgoOpts      []kgo.Opt
+	heartbeat    time.Duration
+	fetchMaxWait time.Duration // sarama's MaxWaitTime when set
+}
+
+// contender is one way of consuming. run consumes until ctx ends, shuts
+// down the way that contender does, and returns.
+type contender struct {
+	name string
+	// members is how many group members the contender runs.
+	members func(partitions int) int
+	// stamps: its client runs stampHook, so latency can be measured.
+	stamps bool
+	run    func(ctx context.Context, e *env) error
+}
+
+// Contender names, in report order.
+const (
+	Raw           = "raw"
+	PerPartition  = "per-partition"
+	NaivePool     = "naive-pool"
+	KparKey       = "kpar-key"
+	KparPartition = "kpar-partition"
+	KparUnordered = "kpar-unordered"
+	Sarama        = "sarama"
+)
+
+// Contenders lists every contender name.
+func Contenders() []string {
+	return []string{Raw, PerPartition, NaivePool, KparKey, KparPartition, KparUnordered, Sarama}
+}
+
+func one(int) int { return 1 }
+
+func contenderNamed(name string) (contender, bool) {
+	switch name {
+	case Raw:
+		return contender{name, one, true, runRaw}, true
+	case PerPartition:
+		return contender{name, func(p int) int { return p }, true, runPerPartition}, true
+	case NaivePool:
+		return contender{name, one, true, runNaivePool}, true
+	case KparKey:
+		return contender{name, one, true, runKpar(kpar.Key)}, true
+	case KparPartition:
+		return contender{name, one, true, runKpar(kpar.Partition)}, true
+	case KparUnordered:
+		return contender{name, one, true, runKpar(kpar.Unordered)}, true
+	case Sarama:
+		return contender{name, one, false, runSarama}, true
+	}
+	return contender{}, false
+}
+
+// runRaw is the ceiling: one franz-go client, one loop that polls and calls
+// the handler on each record in turn, franz-go's default autocommit.
+func runRaw(ctx context.Context, e *env) error {
+	cl, err := kgo.NewClient(append(e.kgoOpts,
+		kgo.SeedBrokers(e.brokers...),
+		kgo.ConsumerGroup(e.group),
+		kgo.ConsumeTopics(e.topic),
+	)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for {
+		fs := cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			return nil
+		}
+		fs.EachRecord(func(r *kgo.Record) { _ = e.handle(ctx, r) })
+	}
+}
+
+// runPerPartition is the "consumer per goroutine" model: one group member
+// per partition, each handling its records sequentially (kpar.RunMembers).
+func runPerPartition(ctx context.Context, e *env) error {
+	return kpar.RunMembers(ctx, e.partitions, kpar.HandlerFunc(e.handle),
+		kpar.Brokers(e.brokers...),
+		kpar.Group(e.group),
+		kpar.Topics(e.topic),
+		kpar.ClientOptions(e.kgoOpts...),
+	)
+}
+
+func runKpar(o kpar.Ordering) func(ctx context.Context, e *env) error {
+	return func(ctx context.Context, e *env) error {
+		opts := []kpar.Opt{
+			kpar.Brokers(e.brokers...),
+			kpar.Group(e.group),
+			kpar.Topics(e.topic),
+			kpar.Concurrency(e.concurrency),
+			kpar.WithOrdering(o),
+			kpar.ClientOptions(e.kgoOpts...),
+		}
+		if e.commitEvery > 0 {
+			opts = append(opts, kpar.CommitInterval(e.commitEvery))
+		}
+		c, err := kpar.New(kpar.HandlerFunc(e.handle), opts...)
+		if err != nil {
+			return err
+		}
+		return c.Run(ctx)
+	}
+}
+
+// runNaivePool is the thread-pool design kpar replaces: one poller hands
+// records to a bounded pool of workers — running a record itself when the
+// pool's queue is full (caller-runs back-pressure) — and a committer
+// periodically commits, per partition, the highest offset any worker
+// finished. A slow record overtaken by faster ones is committed past: the
+// loss the crash scenario shows.
+func runNaivePool(ctx context.Context, e *env) error {
+	cl, err := kgo.NewClient(append(e.kgoOpts,
+		kgo.SeedBrokers(e.brokers...),
+		kgo.ConsumerGroup(e.group),
+		kgo.ConsumeTopics(e.topic),
+		kgo.DisableAutoCommit(),
+	)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+
+	type job struct {
+		r   *kgo.Record
+		max *atomic.Int64
+	}
+	var (
+		mu   sync.Mutex // guards maxDone's map (not the counters)
+		maxD = map[string]map[int32]*atomic.Int64{}
+		jobs = make(chan job, e.concurrency)
+		wg   sync.WaitGroup
+	)
+	hctx := context.WithoutCancel(ctx)
+	runJob := func(j job) {
+		_ = e.handle(hctx, j.r)
+		next := j.r.Offset + 1
+		for cur := j.max.Load(); next > cur && !j.max.CompareAndSwap(cur, next); cur = j.max.Load() {
+		}
+	}
+	for range e.concurrency {
+		wg.Go(func() {
+			for j := range jobs {
+				runJob(j)
+			}
+		})
+	}
+	commit := func(ctx context.Context) {
+		offsets := map[string]map[int32]kgo.EpochOffset{}
+		mu.Lock()
+		for t, ps := range maxD {
+			for p, m := range ps {
+				if o := m.Load(); o > 0 {
+					if offsets[t] == nil {
+						offsets[t] = map[int32]kgo.EpochOffset{}
+					}
+					offsets[t][p] = kgo.EpochOffset{Epoch: -1, Offset: o}
+				}
+			}
+		}
+		mu.Unlock()
+		if len(offsets) > 0 {
+			cl.CommitOffsetsSync(ctx, offsets, nil)
+		}
+	}
+	every := e.commitEvery
+	if every <= 0 {
+		every = time.Second
+	}
+	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
+	var committer sync.WaitGroup
+	committer.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-commitCtx.Done():
+				return
+			case <-t.C:
+				commit(commitCtx)
+			}
+		}
+	})
+
+	for {
+		fs := cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			break
+		}
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			mu.Lock()
+			if maxD[p.Topic] == nil {
+				maxD[p.Topic] = map[int32]*atomic.Int64{}
+			}
+			m := maxD[p.Topic][p.Partition]
+			if m == nil {
+				m = new(atomic.Int64)
+				maxD[p.Topic][p.Partition] = m
+			}
+			mu.Unlock()
+			for _, r := range p.Records {
+				select {
+				case jobs <- job{r, m}:
+				default:
+					runJob(job{r, m}) // caller runs
+				}
+			}
+		})
+	}
+	close(jobs)
+	wg.Wait()
+	stopCommitter()
+	committer.Wait()
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	commit(fctx)
+	return nil
+}
+
+// runSarama is IBM/sarama's consumer group with a sequential handler per
+// claimed partition (sarama runs each claim in its own goroutine), marking
+// each message after handling it; sarama's default 1s autocommit.
+func runSarama(ctx context.Context, e *env) error {
+	cfg := sarama.NewConfig()
+	cfg.ClientID = "kpar-bench"
+	cfg.Version = sarama.V3_6_0_0
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	if e.heartbeat > 0 {
+		cfg.Consumer.Group.Heartbeat.Interval = e.heartbeat
+	}
+	if e.fetchMaxWait > 0 {
+		cfg.Consumer.MaxWaitTime = e.fetchMaxWait
+	}
+	g, err := sarama.NewConsumerGroup(e.brokers, e.group, cfg)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	h := saramaHandler{e}
+	for ctx.Err() == nil {
+		if err := g.Consume(ctx, []string{e.topic}, h); err != nil {
+			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+type saramaHandler struct{ e *env }
+
+func (saramaHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (saramaHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+func (h saramaHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+	var r kgo.Record // one per claim: the handler is sequential
+	for {
+		select {
+		case m, ok := <-c.Messages():
+			if !ok {
+				return nil
+			}
+			r = kgo.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
+			_ = h.e.handle(s.Context(), &r)
+			s.MarkMessage(m, "")
+		case <-s.Context().Done():
+			return nil
+		}
+	}
+}
