@@ -123,6 +123,7 @@ type partState struct {
 	win     *window.Window
 	lanes   sched.Lanes[item]
 	bytes   int64 // key+value+header bytes of unfinished records
+	waiting int64 // the part of bytes waiting on retry timers, outside engine.bytes
 	running int   // records inside a handler right now
 	paused  bool
 	// held are fetched records that did not fit in the window, in offset
@@ -864,6 +865,13 @@ func (e *engine) budgetFreed() {
 // lane meanwhile, so later records of its key (or partition) wait for it;
 // other lanes go on. Called with mu held.
 func (e *engine) retryLater(t *task, backoff time.Duration) {
+	// A record waiting on a timer leaves the shared byte budget: however
+	// many records wait for retries, healthy partitions keep being fetched.
+	// Each partition's window still bounds its waiting records.
+	ps, size := t.Value.part, t.Value.size
+	ps.waiting += size
+	e.bytes -= size
+	e.budgetFreed()
 	e.timers[t] = time.AfterFunc(backoff, func() {
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -871,9 +879,11 @@ func (e *engine) retryLater(t *task, backoff time.Duration) {
 			return
 		}
 		delete(e.timers, t)
-		if t.Value.part.status != live {
+		if ps.status != live {
 			return
 		}
+		ps.waiting -= size
+		e.bytes += size
 		e.ready.Push(t)
 		e.wake(1)
 	})
@@ -984,7 +994,7 @@ func (e *engine) dropLocked(ps *partState) {
 		return
 	}
 	ps.status = dropped
-	e.bytes -= ps.bytes
+	e.bytes -= ps.bytes - ps.waiting
 	e.pending -= ps.win.Pending() + len(ps.held)
 	ps.bytes, ps.held = 0, nil
 	for t, tm := range e.timers {

@@ -587,3 +587,51 @@ func TestPostgresOutageHoldsTheWindow(t *testing.T) {
 		t.Fatalf("dead letters after the outage: %d, want the one at %d", len(letters), poison)
 	}
 }
+
+// TestRetriesDoNotStarveHealthyPartitions: records waiting for retries do
+// not count against MaxBufferedBytes, so a partition whose records all fail
+// cannot stop the fetching of a healthy one.
+func TestRetriesDoNotStarveHealthyPartitions(t *testing.T) {
+	const failing, healthy = 200, 2000
+	c := newCluster(t, "mixed", 2)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for i := range failing + healthy {
+		p := int32(1)
+		if i < failing {
+			p = 0
+		}
+		recs = append(recs, &kgo.Record{Topic: "mixed", Partition: p, Value: make([]byte, 10<<10)})
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+
+	var ok atomic.Int64
+	done := make(chan struct{})
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		if r.Partition == 0 {
+			return errors.New("downstream of partition 0 is down")
+		}
+		if ok.Add(1) == healthy {
+			close(done)
+		}
+		return nil
+	})
+	// 1 MiB holds ~100 records: half of partition 0's failing ones, and
+	// the healthy partition needs several fetches.
+	cons, err := New(h, append(testOpts(c, "g", "mixed"), WithOrdering(Unordered), MaxBufferedBytes(1<<20),
+		RetryBackoff(50*time.Millisecond, 200*time.Millisecond), ShutdownTimeout(100*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, done, 30*time.Second, "every record of the healthy partition")
+	stop()
+}
