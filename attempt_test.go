@@ -9,14 +9,14 @@ import (
 )
 
 func TestBackoffIsFullJitterCapped(t *testing.T) {
-	e := &engine{cfg: &cfg{retryBase: 100 * time.Millisecond, retryMax: 10 * time.Second}}
+	c := &cfg{retryBase: 100 * time.Millisecond, retryMax: 10 * time.Second}
 	for attempt := 1; attempt <= 70; attempt++ {
 		ceiling := 10 * time.Second
 		if attempt < 8 {
 			ceiling = min(100*time.Millisecond<<(attempt-1), ceiling)
 		}
 		for range 50 {
-			if d := e.backoff(attempt); d <= 0 || d > ceiling {
+			if d := c.backoff(attempt); d <= 0 || d > ceiling {
 				t.Fatalf("backoff(%d) = %v, want in (0, %v]", attempt, d, ceiling)
 			}
 		}

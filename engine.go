@@ -589,7 +589,7 @@ func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord
 				shared = actx
 			}
 		}
-		err := e.call(actx, t.Value.original())
+		err := callHandler(actx, e.handler, t.Value.original())
 		timedOut := err != nil && actx.timedOut()
 		if actx != shared || actx.Err() != nil {
 			e.slots[slot].Store(nil)
@@ -722,13 +722,15 @@ func (e *engine) dispatched(t *task, now time.Time) {
 	}
 }
 
-func (e *engine) call(ctx context.Context, r *kgo.Record) (err error) {
+// callHandler runs h on r, turning a panic into a *PanicError: a panic is
+// a failed attempt, not a crash. It serves the engine and RunMembers alike.
+func callHandler(ctx context.Context, h Handler, r *kgo.Record) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return e.handler.Handle(ctx, r)
+	return h.Handle(ctx, r)
 }
 
 func (e *engine) callBatch(ctx context.Context, rs []*kgo.Record) (err error) {
@@ -753,7 +755,7 @@ func (e *engine) observe(t *task, err error) time.Duration {
 		}
 		return 0
 	}
-	backoff := e.backoff(it.attempts)
+	backoff := e.cfg.backoff(it.attempts)
 	if d, ok := retryAfter(err); ok {
 		backoff = max(d, time.Millisecond)
 	}
@@ -771,10 +773,11 @@ func (e *engine) observe(t *task, err error) time.Duration {
 }
 
 // backoff is full jitter over an exponential capped at retryMax.
-func (e *engine) backoff(attempt int) time.Duration {
-	d := e.cfg.retryMax
+// It serves the engine and RunMembers alike.
+func (c *cfg) backoff(attempt int) time.Duration {
+	d := c.retryMax
 	if attempt < 32 {
-		d = min(e.cfg.retryBase<<(attempt-1), e.cfg.retryMax)
+		d = min(c.retryBase<<(attempt-1), c.retryMax)
 	}
 	return time.Duration(rand.Int64N(int64(d)) + 1)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -220,14 +218,14 @@ func (m *member) handleOne(ctx, hctx context.Context, r *kgo.Record) bool {
 			h.OnRecordDispatched(r, attempt)
 		}
 		start := time.Now()
-		err := m.call(hctx, r)
+		err := callHandler(hctx, m.handler, r)
 		if err == nil {
 			for _, h := range m.hooks.done {
 				h.OnRecordDone(r, attempt, time.Since(start))
 			}
 			return true
 		}
-		backoff := m.backoff(attempt)
+		backoff := m.cfg.backoff(attempt)
 		if d, ok := retryAfter(err); ok {
 			backoff = max(d, time.Millisecond)
 		}
@@ -248,25 +246,6 @@ func (m *member) handleOne(ctx, hctx context.Context, r *kgo.Record) bool {
 			return false
 		}
 	}
-}
-
-func (m *member) call(ctx context.Context, r *kgo.Record) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return m.handler.Handle(ctx, r)
-}
-
-// backoff is full jitter over an exponential capped at retryMax, as in the
-// engine.
-func (m *member) backoff(attempt int) time.Duration {
-	d := m.cfg.retryMax
-	if attempt < 32 {
-		d = min(m.cfg.retryBase<<(attempt-1), m.cfg.retryMax)
-	}
-	return time.Duration(rand.Int64N(int64(d)) + 1)
 }
 
 // commit commits the handled offsets synchronously. After ctx ended (the
