@@ -199,6 +199,7 @@ func TestServeStatusEndpoints(t *testing.T) {
 		for _, want := range []string{
 			`kpar_records_handled_total{topic="t"} 40`,
 			`kpar_ready 1`,
+			`kpar_attempts_overdue 0`,
 			`kpar_partitions_assigned 4`,
 			`kpar_partition_commit_lag{partition="0",topic="t"} 0`,
 			`kpar_partition_window_end{partition="3",topic="t"}`,
