@@ -38,5 +38,6 @@ if [ -z "${KPAR_TEST_POSTGRES:-}" ] && ls /usr/lib/postgresql/*/bin/pg_ctl >/dev
   fi
 fi
 
-# KPAR_TEST_PKGS narrows the packages (default ./...); extra arguments go to go test.
-go test -race -timeout 15m "$@" ${KPAR_TEST_PKGS:-./...}
+# -count=1: CI runs every test, never a cached result. KPAR_TEST_PKGS narrows
+# the packages (default ./...); extra arguments go to go test and win.
+go test -race -count=1 -timeout 15m "$@" ${KPAR_TEST_PKGS:-./...}
