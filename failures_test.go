@@ -312,52 +312,22 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 		handled.Add(1)
 		return nil
 	})
-	var (
-		mu        sync.Mutex
-		maxCommit int64 = -1
-	)
-	failedWrites := make(chan struct{}, 100)
-	hooks := []Hook{
-		commitHook(func(offs map[string]map[int32]int64, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if o, ok := offs["out"][0]; ok && err == nil {
-				maxCommit = max(maxCommit, o)
-			}
-		}),
-		deadLetterFailedHook(func() {
-			select {
-			case failedWrites <- struct{}{}:
-			default:
-			}
-		}),
-	}
+	watch := newOutageWatch("out")
 	done, doneCh := committedTo("out", n)
 	cons, err := New(h, append(testOpts(c, "g", "out"), WithOrdering(Unordered), RetryBackoff(10*time.Millisecond, 50*time.Millisecond),
-		DeadLetters(deadletter.NewKafkaSink(cl)), WithHooks(append(hooks, done)...))...)
+		DeadLetters(deadletter.NewKafkaSink(cl)), WithHooks(watch, done))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
 	// Several failed writes while every other record completes.
 	for range 3 {
-		select {
-		case <-failedWrites:
-		case <-time.After(20 * time.Second):
-			t.Fatal("the sink outage was never hit")
-		}
+		watch.waitFailedWrite(t, "the sink outage was never hit")
 	}
 	for handled.Load() < n-1 {
-		select {
-		case <-failedWrites:
-		case <-time.After(20 * time.Second):
-			t.Fatalf("only %d of %d healthy records handled during the outage", handled.Load(), n-1)
-		}
+		watch.waitFailedWrite(t, fmt.Sprintf("only %d of %d healthy records handled during the outage", handled.Load(), n-1))
 	}
-	mu.Lock()
-	during := maxCommit
-	mu.Unlock()
-	if during > poison {
+	if during := watch.committed(); during > poison {
 		t.Fatalf("committed %d during the outage, past the unfinished offset %d", during, poison)
 	}
 	outage.Remove()
@@ -371,9 +341,51 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 	}
 }
 
-type deadLetterFailedHook func()
+// outageWatch observes a consumer through a sink outage: the highest offset
+// committed for partition 0 of its topic, and each failed sink write.
+type outageWatch struct {
+	topic  string
+	failed chan struct{}
 
-func (f deadLetterFailedHook) OnDeadLetterFailed(int, error) { f() }
+	mu        sync.Mutex
+	maxCommit int64
+}
+
+func newOutageWatch(topic string) *outageWatch {
+	return &outageWatch{topic: topic, failed: make(chan struct{}, 100), maxCommit: -1}
+}
+
+func (w *outageWatch) OnCommit(offs map[string]map[int32]int64, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if o, ok := offs[w.topic][0]; ok && err == nil {
+		w.maxCommit = max(w.maxCommit, o)
+	}
+}
+
+func (w *outageWatch) OnDeadLetterFailed(int, error) {
+	select {
+	case w.failed <- struct{}{}:
+	default:
+	}
+}
+
+func (w *outageWatch) committed() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.maxCommit
+}
+
+// waitFailedWrite waits for the next failed sink write; failing with msg
+// after 20s.
+func (w *outageWatch) waitFailedWrite(t *testing.T, msg string) {
+	t.Helper()
+	select {
+	case <-w.failed:
+	case <-time.After(20 * time.Second):
+		t.Fatal(msg)
+	}
+}
 
 // TestRetryTopicDelaysWithoutBlocking: a record that fails its local
 // attempts goes to <topic>.retry.1 and is handled from there no earlier
@@ -534,45 +546,18 @@ func TestPostgresOutageHoldsTheWindow(t *testing.T) {
 		}
 		return nil
 	})
-	var (
-		mu        sync.Mutex
-		maxCommit int64 = -1
-	)
-	failedWrites := make(chan struct{}, 100)
+	watch := newOutageWatch("pgout")
 	done, doneCh := committedTo("pgout", n)
-	hooks := []Hook{
-		done,
-		commitHook(func(offs map[string]map[int32]int64, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if o, ok := offs["pgout"][0]; ok && err == nil {
-				maxCommit = max(maxCommit, o)
-			}
-		}),
-		deadLetterFailedHook(func() {
-			select {
-			case failedWrites <- struct{}{}:
-			default:
-			}
-		}),
-	}
 	cons, err := New(h, append(testOpts(c, "g", "pgout"), WithOrdering(Unordered),
-		RetryBackoff(10*time.Millisecond, 50*time.Millisecond), DeadLetters(sink), WithHooks(hooks...))...)
+		RetryBackoff(10*time.Millisecond, 50*time.Millisecond), DeadLetters(sink), WithHooks(watch, done))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons) // the proxy starts down: PostgreSQL is unreachable
 	for range 2 {
-		select {
-		case <-failedWrites:
-		case <-time.After(20 * time.Second):
-			t.Fatal("the PostgreSQL outage was never hit")
-		}
+		watch.waitFailedWrite(t, "the PostgreSQL outage was never hit")
 	}
-	mu.Lock()
-	during := maxCommit
-	mu.Unlock()
-	if during > poison {
+	if during := watch.committed(); during > poison {
 		t.Fatalf("committed %d while PostgreSQL was down, past the unfinished offset %d", during, poison)
 	}
 	proxy.setUp(true)
