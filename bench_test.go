@@ -42,11 +42,13 @@ func BenchmarkNoop(b *testing.B) {
 	for _, mode := range []kpar.Ordering{kpar.Unordered, kpar.Key, kpar.Partition} {
 		b.Run("kpar-"+mode.String(), func(b *testing.B) {
 			b.ReportAllocs()
+			pauses.n.Store(0)
 			start := time.Now()
 			for range b.N {
 				kparLoop(b, seeds, nextGroup(), records, mode)
 			}
 			b.ReportMetric(float64(records*b.N)/time.Since(start).Seconds(), "records/s")
+			b.ReportMetric(float64(pauses.n.Load())/float64(b.N), "pauses/op")
 		})
 	}
 }
@@ -83,6 +85,14 @@ func rawLoop(b *testing.B, seeds []string, group string, n int) {
 	}
 }
 
+// pauseCounter counts how often windows filled: each pause costs up to a
+// fetch round trip when it is resumed.
+type pauseCounter struct{ n atomic.Int64 }
+
+func (p *pauseCounter) OnPartitionPaused(string, int32, int) { p.n.Add(1) }
+
+var pauses = new(pauseCounter)
+
 func kparLoop(b *testing.B, seeds []string, group string, n int, mode kpar.Ordering) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -92,7 +102,7 @@ func kparLoop(b *testing.B, seeds []string, group string, n int, mode kpar.Order
 			cancel()
 		}
 		return nil
-	}), kpar.Brokers(seeds...), kpar.Group(group), kpar.Topics("bench"), kpar.WithOrdering(mode))
+	}), kpar.Brokers(seeds...), kpar.Group(group), kpar.Topics("bench"), kpar.WithOrdering(mode), kpar.WithHooks(pauses))
 	if err != nil {
 		b.Fatal(err)
 	}
