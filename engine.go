@@ -424,15 +424,16 @@ func recordSize(r *kgo.Record) int64 {
 // window's worth is held the partition is paused: the client stops fetching
 // it while the others go on.
 func (e *engine) admit(fs kgo.Fetches) {
-	if fs.NumRecords() == 0 {
-		return
-	}
-	e.mu.Lock()
-	readyBefore := e.ready.Len()
+	// The lock is taken per partition, and each slab allocated before it,
+	// so workers finishing records wait for one partition's worth of
+	// bookkeeping at most, not a whole fetch's.
 	fs.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) == 0 {
 			return
 		}
+		slab := make([]task, min(len(p.Records), e.cfg.windowRecords))
+		e.mu.Lock()
+		defer e.mu.Unlock()
 		ps := e.parts[tp{p.Topic, p.Partition}]
 		if ps == nil || ps.status != live {
 			return // not ours (any more): the owner fetches them again
@@ -454,9 +455,10 @@ func (e *engine) admit(fs kgo.Fetches) {
 			e.bytes += size
 			e.pending++
 		}
+		readyBefore := e.ready.Len()
 		if len(ps.held) == 0 {
 			room := min(len(recs), e.cfg.windowRecords-ps.win.Len())
-			e.push(ps, recs[:room])
+			e.push(ps, recs[:room], slab)
 			recs = recs[room:]
 		}
 		ps.held = append(ps.held, recs...)
@@ -464,28 +466,28 @@ func (e *engine) admit(fs kgo.Fetches) {
 		// window refills without waiting for a fetch; pause beyond that.
 		// (A resume takes effect only with the next fetch, which can wait
 		// FetchMaxWait, so pausing on every overflow stalls the pipeline.)
-		if len(ps.held) >= e.cfg.windowRecords {
-			if !ps.paused {
-				ps.paused = true
-				e.cl.PauseFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
-				for _, h := range e.hooks.paused {
-					h.OnPartitionPaused(ps.topic, ps.partition, ps.win.Len())
-				}
+		if len(ps.held) >= e.cfg.windowRecords && !ps.paused {
+			ps.paused = true
+			e.cl.PauseFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
+			for _, h := range e.hooks.paused {
+				h.OnPartitionPaused(ps.topic, ps.partition, ps.win.Len())
 			}
 		}
+		e.wake(e.ready.Len() - readyBefore)
 	})
-	e.wake(e.ready.Len() - readyBefore)
-	e.mu.Unlock()
 }
 
 // push appends records to ps's window and schedules them. Called with mu
 // held.
-func (e *engine) push(ps *partState, recs []*kgo.Record) {
+func (e *engine) push(ps *partState, recs []*kgo.Record, slab []task) {
 	if len(recs) == 0 {
 		return
 	}
-	// One allocation per push instead of one per record.
-	slab := make([]task, len(recs))
+	// One allocation per push instead of one per record; admit brings its
+	// own, made outside the lock.
+	if len(slab) < len(recs) {
+		slab = make([]task, len(recs))
+	}
 	for i, r := range recs {
 		t := &slab[i]
 		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
@@ -518,9 +520,14 @@ func (e *engine) schedule(t *task) {
 	e.ready.Push(t)
 }
 
-// wake signals up to n idle workers. Called with mu held.
+// wake makes sure an idle worker runs when n records became ready. Called
+// with mu held.
+//
+// It wakes one: a woken worker that leaves ready records behind wakes the
+// next (see worker). Waking n at once would make n goroutines fight for mu
+// on two cores; the chain ramps up just as fast when handlers are slow.
 func (e *engine) wake(n int) {
-	for n = min(n, e.idle); n > 0; n-- {
+	if n > 0 && e.idle > 0 {
 		e.cond.Signal()
 	}
 }
@@ -548,6 +555,9 @@ func (e *engine) worker(ctx context.Context, slot int) {
 			return
 		}
 		batch = e.take(batch[:0], perRecord)
+		if e.ready.Len() > 0 && e.idle > 0 {
+			e.cond.Signal() // pass the wake-up on: there is more to do
+		}
 		e.mu.Unlock()
 		if len(batch) == 0 {
 			e.mu.Lock()
@@ -574,9 +584,11 @@ func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord
 	// one attempt context and one clock reading, which would otherwise cost
 	// more than the handler. If the shared context is cancelled (the batch
 	// ran past AttemptTimeout), the rest get contexts of their own.
+	fast := perRecord < fastHandler
 	var shared *attemptCtx
 	now := start
-	for i, t := range batch {
+	for i := 0; i < len(batch); i++ {
+		t := batch[i]
 		if shared == nil && i > 0 {
 			now = time.Now()
 		}
@@ -585,7 +597,7 @@ func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord
 		if actx == nil {
 			actx = &attemptCtx{Context: ctx, deadline: now.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
 			e.slots[slot].Store(actx)
-			if i == 0 && len(batch) > 1 {
+			if fast {
 				shared = actx
 			}
 		}
@@ -597,16 +609,24 @@ func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord
 		}
 		backoff := e.observe(t, err)
 		e.mu.Lock()
-		handedOver := e.finish(t, err, timedOut, backoff, now)
+		next := e.finish(t, err, timedOut, backoff, now)
 		batch[i] = nil
-		if i < len(batch)-1 {
-			if handedOver {
-				e.wake(1)
+		if next != nil {
+			if fast && len(batch) < maxTake && next.Value.part.status == live {
+				// Run the key's (or partition's) next record here:
+				// no queueing, no wake-up, no hand-off between workers.
+				next.Value.part.running++
+				batch = append(batch, next)
+			} else {
+				e.ready.Push(next)
+				if i < len(batch)-1 {
+					e.wake(1)
+				} // else this worker takes again at once
 			}
+		}
+		if i < len(batch)-1 {
 			e.mu.Unlock()
 		}
-		// After the last record this worker takes again at once, so it
-		// runs a lane successor itself: no wake-up, no hand-off.
 	}
 	if shared != nil {
 		e.slots[slot].Store(nil)
@@ -640,7 +660,8 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 	e.mu.Lock()
 	handedOver := 0
 	for i, t := range batch {
-		if e.finish(t, err, timedOut, backoffs[i], now) {
+		if next := e.finish(t, err, timedOut, backoffs[i], now); next != nil {
+			e.ready.Push(next)
 			handedOver++
 		}
 		batch[i] = nil
@@ -782,15 +803,15 @@ func (c *cfg) backoff(attempt int) time.Duration {
 	return time.Duration(rand.Int64N(int64(d)) + 1)
 }
 
-// finish records the outcome of one attempt and reports whether it made the
-// record's lane successor ready (see complete). Called with mu held.
-func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) (handedOver bool) {
+// finish records the outcome of one attempt and returns the record's lane
+// successor, if it completed one (see complete). Called with mu held.
+func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) (next *task) {
 	ps := t.Value.part
 	ps.running--
 	switch {
 	case ps.status == dropped:
 	case err == nil:
-		handedOver = e.complete(t)
+		next = e.complete(t)
 	case ps.status == revoking:
 		// Not retried here: the record stays unfinished, so the revoke
 		// commit stops below it and the next owner handles it.
@@ -801,26 +822,23 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 		close(ps.idle)
 		ps.idle = nil
 	}
-	return handedOver
+	return next
 }
 
-// complete marks a record done: its window may move, its lane hands over,
-// its bytes are released. Called with mu held.
-func (e *engine) complete(t *task) (handedOver bool) {
+// complete marks a record done: its window may move, its bytes are
+// released, and its lane's next record, if any, is returned: the caller
+// runs it or makes it ready. Called with mu held.
+func (e *engine) complete(t *task) (next *task) {
 	ps := t.Value.part
 	ps.win.Done(t.Value.seq)
-	if next := ps.lanes.Release(t); next != nil {
-		// The caller wakes a worker for it, or takes it itself.
-		e.ready.Push(next)
-		handedOver = true
-	}
+	next = ps.lanes.Release(t)
 	e.release(ps, t)
 	if len(ps.held) > 0 {
 		// Refill in chunks of a quarter window so slabs stay large.
 		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= len(ps.held) {
 			n := min(room, len(ps.held))
 			readyBefore := e.ready.Len()
-			e.push(ps, ps.held[:n])
+			e.push(ps, ps.held[:n], nil)
 			clear(ps.held[:n])
 			ps.held = ps.held[n:]
 			if len(ps.held) == 0 {
@@ -836,7 +854,7 @@ func (e *engine) complete(t *task) (handedOver bool) {
 			h.OnPartitionResumed(ps.topic, ps.partition, ps.win.Len())
 		}
 	}
-	return handedOver
+	return next
 }
 
 // release returns a finished record's budget. Called with mu held.

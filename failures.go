@@ -136,7 +136,11 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	e.mu.Lock()
 	handedOver := 0
 	for _, t := range batch {
-		if t.Value.part.status != dropped && e.complete(t) {
+		if t.Value.part.status == dropped {
+			continue
+		}
+		if next := e.complete(t); next != nil {
+			e.ready.Push(next)
 			handedOver++
 		}
 	}
