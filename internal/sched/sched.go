@@ -67,11 +67,66 @@ type lane[T any] struct {
 	free   *lane[T]
 }
 
+// laneSlot is one slot of the open-addressing table of busy lanes; ln is
+// nil when the slot is empty.
+type laneSlot[T any] struct {
+	key uint64
+	ln  *lane[T]
+}
+
 // Lanes tracks the busy lanes of one partition. The zero value is ready to
 // use.
+//
+// Busy lanes live in an open-addressing table with linear probing and
+// backward-shift deletion rather than a map: a lane is created and deleted
+// for nearly every record when keys rarely repeat, and this is the hot path
+// under the engine's lock. Keys are expected to be well mixed (the engine
+// passes maphash values), so a key's home slot is its low bits.
 type Lanes[T any] struct {
-	busy map[uint64]*lane[T]
-	free *lane[T]
+	slots []laneSlot[T] // len is a power of two, at least twice busy
+	busy  int
+	free  *lane[T]
+}
+
+// find returns the slot of key, or the empty slot where it would go.
+func (l *Lanes[T]) find(key uint64) (int, bool) {
+	mask := len(l.slots) - 1
+	for i := int(key) & mask; ; i = (i + 1) & mask {
+		switch s := &l.slots[i]; {
+		case s.ln == nil:
+			return i, false
+		case s.key == key:
+			return i, true
+		}
+	}
+}
+
+func (l *Lanes[T]) grow() {
+	old := l.slots
+	l.slots = make([]laneSlot[T], max(16, 2*len(old)))
+	for _, s := range old {
+		if s.ln != nil {
+			i, _ := l.find(s.key)
+			l.slots[i] = s
+		}
+	}
+}
+
+// remove empties slot i, shifting later entries of its probe run back so
+// that every key stays reachable from its home slot.
+func (l *Lanes[T]) remove(i int) {
+	mask := len(l.slots) - 1
+	for j := (i + 1) & mask; l.slots[j].ln != nil; j = (j + 1) & mask {
+		home := int(l.slots[j].key) & mask
+		// The entry at j may move to i only if its home is not in the
+		// cyclic range (i, j].
+		if (i < j && (home <= i || home > j)) || (i > j && home <= i && home > j) {
+			l.slots[i] = l.slots[j]
+			i = j
+		}
+	}
+	l.slots[i] = laneSlot[T]{}
+	l.busy--
 }
 
 // Admit binds t to lane key. It reports true when the lane was idle: t is
@@ -79,12 +134,13 @@ type Lanes[T any] struct {
 // parked behind the lane's earlier tasks and Release will hand it over.
 func (l *Lanes[T]) Admit(t *Task[T], key uint64) bool {
 	t.lane, t.laned = key, true
-	if ln, ok := l.busy[key]; ok {
-		ln.parked.Push(t)
-		return false
+	if 2*(l.busy+1) > len(l.slots) {
+		l.grow()
 	}
-	if l.busy == nil {
-		l.busy = make(map[uint64]*lane[T])
+	i, ok := l.find(key)
+	if ok {
+		l.slots[i].ln.parked.Push(t)
+		return false
 	}
 	ln := l.free
 	if ln != nil {
@@ -93,7 +149,8 @@ func (l *Lanes[T]) Admit(t *Task[T], key uint64) bool {
 	} else {
 		ln = new(lane[T])
 	}
-	l.busy[key] = ln
+	l.slots[i] = laneSlot[T]{key: key, ln: ln}
+	l.busy++
 	return true
 }
 
@@ -101,17 +158,18 @@ func (l *Lanes[T]) Admit(t *Task[T], key uint64) bool {
 // the caller makes ready, or nil when the lane is now idle. Release on a task
 // that was never admitted returns nil.
 func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
-	if !t.laned {
+	if !t.laned || l.busy == 0 {
 		return nil
 	}
-	ln, ok := l.busy[t.lane]
+	i, ok := l.find(t.lane)
 	if !ok {
 		return nil
 	}
+	ln := l.slots[i].ln
 	if next := ln.parked.Pop(); next != nil {
 		return next
 	}
-	delete(l.busy, t.lane)
+	l.remove(i)
 	ln.free = l.free
 	l.free = ln
 	return nil
@@ -121,24 +179,26 @@ func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
 // lane stays busy, so a batch can carry several consecutive tasks of one
 // key. It returns nil when nothing is parked.
 func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
-	if !t.laned {
+	if !t.laned || l.busy == 0 {
 		return nil
 	}
-	if ln, ok := l.busy[t.lane]; ok {
-		return ln.parked.Pop()
+	if i, ok := l.find(t.lane); ok {
+		return l.slots[i].ln.parked.Pop()
 	}
 	return nil
 }
 
 // Busy returns the number of lanes with a task in flight.
-func (l *Lanes[T]) Busy() int { return len(l.busy) }
+func (l *Lanes[T]) Busy() int { return l.busy }
 
 // Parked returns the number of tasks waiting behind busy lanes. It walks
 // every lane, so it is meant for snapshots, not hot paths.
 func (l *Lanes[T]) Parked() int {
 	n := 0
-	for _, ln := range l.busy {
-		n += ln.parked.Len()
+	for _, s := range l.slots {
+		if s.ln != nil {
+			n += s.ln.parked.Len()
+		}
 	}
 	return n
 }
