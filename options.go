@@ -115,8 +115,11 @@ func Brokers(addrs ...string) Opt {
 
 // ClientOptions adds franz-go client options: TLS, SASL, client ID, fetch
 // sizes, kgo.SeedBrokers and so on. kpar owns the group options (group,
-// topics, balancer, commits, rebalance callbacks); setting them here is an
-// error from New.
+// topics, commits, rebalance callbacks); setting them here is an error from
+// New. kpar's own client defaults, which options given here override: the
+// cooperative-sticky balancer, kgo.FetchMaxWait 25ms (a paused partition's
+// resume waits for the fetch in flight), and kgo.FetchMaxBytes of a quarter
+// of MaxBufferedBytes (at least 1 MiB, at most franz-go's 50 MiB).
 func ClientOptions(opts ...kgo.Opt) Opt {
 	return opt(func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) })
 }
