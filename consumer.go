@@ -171,7 +171,9 @@ type PartitionStats struct {
 	Held int
 	// Finished counts records above Start that are already done.
 	Finished int
-	// InFlight counts records a handler is running right now.
+	// InFlight counts records handed to workers and not finished: those a
+	// handler runs now, and those queued behind them in the same worker
+	// (a worker with a fast handler takes up to 64 at once).
 	InFlight int
 	// Paused reports whether fetching is paused because the window is full.
 	Paused bool

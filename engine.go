@@ -122,9 +122,9 @@ type partState struct {
 	level   int // n when this is retry topic n, else 0
 	win     *window.Window
 	lanes   sched.Lanes[item]
-	bytes   int64 // key+value+header bytes of unfinished records
+	bytes   int64 // recordSize of unfinished records, held ones included
 	waiting int64 // the part of bytes waiting on retry timers, outside engine.bytes
-	running int   // records inside a handler right now
+	running int   // records handed to workers and not finished yet
 	paused  bool
 	// held are fetched records that did not fit in the window, in offset
 	// order, waiting for room. Once a window's worth is held the partition
@@ -148,7 +148,6 @@ type engine struct {
 	hooks      *hooks
 	log        *slog.Logger
 	seed       maphash.Seed
-	low        int // window size at or below which a paused partition resumes
 	stuckAfter time.Duration
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
@@ -161,7 +160,7 @@ type engine struct {
 	ready   sched.Queue[item]
 	parts   map[tp]*partState
 	idle    int   // workers waiting on cond
-	bytes   int64 // buffered bytes over all partitions
+	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
 	pending int   // admitted records not finished, over live partitions
 	timers  map[*task]*time.Timer
 	stop    bool // workers exit; timers do not fire

@@ -210,7 +210,7 @@ func (m *Metrics) PartitionCollector(stats func() []kpar.PartitionStats) prometh
 		end:       desc("window_end", "Offset after the newest record fetched into the window."),
 		size:      desc("window_records", "Records in the window, from its start through its end."),
 		finished:  desc("window_finished", "Records above the window's start that are already finished."),
-		inFlight:  desc("in_flight", "Records of the partition in a handler right now."),
+		inFlight:  desc("in_flight", "Records of the partition handed to workers and not finished."),
 		paused:    desc("paused", "1 while the partition's fetching is paused because its window is full."),
 		committed: desc("committed_offset", "Offset kpar last committed for the partition in this assignment."),
 		hwm:       desc("high_watermark", "Partition's high watermark as last listed from the brokers."),
