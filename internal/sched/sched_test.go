@@ -138,3 +138,22 @@ func TestLanesMatchAModel(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkLanesDistinctKeys is key mode when keys rarely repeat: each task
+// creates its lane and deletes it on release, with ~1,000 lanes busy.
+func BenchmarkLanesDistinctKeys(b *testing.B) {
+	const busy = 1000
+	var l Lanes[int]
+	tasks := make([]Task[int], busy)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range tasks {
+		l.Admit(&tasks[i], rng.Uint64())
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t := &tasks[i%busy]
+		l.Release(t)
+		l.Admit(t, rng.Uint64())
+	}
+}
