@@ -201,8 +201,7 @@ func newEngine(c *Consumer) *engine {
 }
 
 func (e *engine) clientOpts() []kgo.Opt {
-	opts := []kgo.Opt{
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+	defaults := []kgo.Opt{
 		// Resuming a paused partition takes effect with the next fetch,
 		// and a fetch in flight for partitions with no new data waits
 		// FetchMaxWait first. kpar bench noop, one run: 100ms left the
@@ -213,24 +212,55 @@ func (e *engine) clientOpts() []kgo.Opt {
 		// The client's buffered fetches are memory too: keep them within
 		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
 		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
-		kgo.WithLogger(kgoLogger{e.log}),
 	}
-	opts = append(opts, e.cfg.clientOpts...)
-	if len(e.cfg.brokers) > 0 {
-		opts = append(opts, kgo.SeedBrokers(e.cfg.brokers...))
-	}
-	opts = append(opts,
-		kgo.ConsumerGroup(e.cfg.group),
-		kgo.ConsumeTopics(e.consumedTopics()...),
-		kgo.DisableAutoCommit(),
+	return e.cfg.groupClientOpts(defaults, e.consumedTopics(),
 		kgo.OnPartitionsAssigned(e.onAssigned),
 		kgo.OnPartitionsRevoked(e.onRevoked),
 		kgo.OnPartitionsLost(e.onLost),
 	)
-	if e.cfg.regex {
+}
+
+// groupClientOpts builds the options of a group member's client, for the
+// engine and RunMembers alike. The order matters: kpar's defaults first, so
+// ClientOptions override them; then what kpar owns and New checked nobody
+// else sets (seeds, group, topics, manual commits), then the caller's own.
+func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.Opt) []kgo.Opt {
+	opts := append([]kgo.Opt{
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.WithLogger(kgoLogger{c.logger}),
+	}, defaults...)
+	opts = append(opts, c.clientOpts...)
+	if len(c.brokers) > 0 {
+		opts = append(opts, kgo.SeedBrokers(c.brokers...))
+	}
+	opts = append(opts,
+		kgo.ConsumerGroup(c.group),
+		kgo.ConsumeTopics(topics...),
+		kgo.DisableAutoCommit(),
+	)
+	if c.regex {
 		opts = append(opts, kgo.ConsumeRegex())
 	}
-	return opts
+	return append(opts, owned...)
+}
+
+// fatalFetchError logs the errors of a poll and returns the first one that
+// retrying cannot fix (see isFatal), for the engine and RunMembers alike.
+// who prefixes the error's text and attrs the log lines.
+func fatalFetchError(fs kgo.Fetches, log *slog.Logger, who string, attrs ...any) error {
+	var fatal error
+	fs.EachError(func(topic string, partition int32, err error) {
+		switch {
+		case errors.Is(err, context.Canceled):
+		case isFatal(err):
+			if fatal == nil {
+				fatal = fmt.Errorf("kpar: %sfatal error from the client (topic %q, partition %d): %w", who, topic, partition, err)
+			}
+		default:
+			log.Warn("kpar: fetch error", append(attrs, "topic", topic, "partition", partition, "err", err)...)
+		}
+	})
+	return fatal
 }
 
 func (e *engine) run(ctx context.Context) error {
@@ -361,19 +391,8 @@ func (e *engine) poll(ctx context.Context) error {
 		if fs.IsClientClosed() || ctx.Err() != nil {
 			return nil
 		}
-		var fatal error
-		fs.EachError(func(topic string, partition int32, err error) {
-			if errors.Is(err, context.Canceled) {
-				return
-			}
-			if isFatal(err) {
-				fatal = fmt.Errorf("kpar: fatal error from the client (topic %q, partition %d): %w", topic, partition, err)
-				return
-			}
-			e.log.Warn("kpar: fetch error", "topic", topic, "partition", partition, "err", err)
-		})
-		if fatal != nil {
-			return fatal
+		if err := fatalFetchError(fs, e.log, ""); err != nil {
+			return err
 		}
 		e.admit(fs)
 	}

@@ -96,23 +96,10 @@ type member struct {
 }
 
 func (m *member) clientOpts() []kgo.Opt {
-	opts := []kgo.Opt{
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.WithLogger(kgoLogger{m.cfg.logger}),
-	}
-	opts = append(opts, m.cfg.clientOpts...)
-	if len(m.cfg.brokers) > 0 {
-		opts = append(opts, kgo.SeedBrokers(m.cfg.brokers...))
-	}
-	opts = append(opts,
-		kgo.ConsumerGroup(m.cfg.group),
-		kgo.ConsumeTopics(m.cfg.topics...),
-		kgo.DisableAutoCommit(),
-		// A poll's records are handled and committed before a rebalance
-		// may move their partitions: no commit for a partition we lost,
-		// and the next owner starts where we stopped.
-		kgo.BlockRebalanceOnPoll(),
-	)
+	// A poll's records are handled and committed before a rebalance may
+	// move their partitions: no commit for a partition we lost, and the
+	// next owner starts where we stopped.
+	opts := m.cfg.groupClientOpts(nil, m.cfg.topics, kgo.BlockRebalanceOnPoll())
 	if len(m.hooks.assigned) > 0 {
 		opts = append(opts, kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
 			for _, h := range m.hooks.assigned {
@@ -133,9 +120,6 @@ func (m *member) clientOpts() []kgo.Opt {
 				}
 			}),
 		)
-	}
-	if m.cfg.regex {
-		opts = append(opts, kgo.ConsumeRegex())
 	}
 	return opts
 }
@@ -168,16 +152,7 @@ func (m *member) run(ctx context.Context) error {
 			cl.AllowRebalance()
 			return nil
 		}
-		var fatal error
-		fs.EachError(func(topic string, partition int32, err error) {
-			switch {
-			case errors.Is(err, context.Canceled):
-			case isFatal(err):
-				fatal = fmt.Errorf("kpar: member %d: fatal error from the client (topic %q, partition %d): %w", m.id, topic, partition, err)
-			default:
-				m.cfg.logger.Warn("kpar: fetch error", "member", m.id, "topic", topic, "partition", partition, "err", err)
-			}
-		})
+		fatal := fatalFetchError(fs, m.cfg.logger, fmt.Sprintf("member %d: ", m.id), "member", m.id)
 		if fatal != nil {
 			cl.AllowRebalance()
 			return fatal
