@@ -2,12 +2,15 @@ package forward
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,6 +70,9 @@ func TestForwardRequestCarriesTheRecord(t *testing.T) {
 			{Key: "trace-id", Value: []byte("def")},
 			{Key: "with space%é", Value: []byte{0xff}},
 			{Key: "empty", Value: nil},
+			{Key: "Trace-ID", Value: []byte("ghi")},
+			{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+			{Key: "tracestate", Value: []byte("congo=t61rcWkgMzE")},
 		},
 	}
 	if err := h.Handle(context.Background(), r); err != nil {
@@ -85,16 +91,125 @@ func TestForwardRequestCarriesTheRecord(t *testing.T) {
 		"Kpar-Offset":                       {"12345"},
 		"Kpar-Timestamp":                    {"2024-05-06T05:08:09.123Z"},
 		"Kpar-Key":                          {base64.StdEncoding.EncodeToString(r.Key)},
-		"Kpar-Header-Trace-Id":              {"YWJj", "ZGVm"},
+		"Kpar-Header-Trace-Id":              {"YWJj", "ZGVm", "Z2hp"}, // merged: why Kpar-Headers exists
 		"Kpar-Header-With%20space%25%C3%A9": {"/w=="},
 		"Kpar-Header-Empty":                 {""},
-		"Content-Type":                      {"application/octet-stream"},
-		"Content-Length":                    {"11"},
+		"Kpar-Headers": {"trace-id=YWJj, trace-id=ZGVm, with%20space%25%C3%A9=/w==, empty=, Trace-ID=Z2hp, " +
+			"traceparent=MDAtNGJmOTJmMzU3N2IzNGRhNmEzY2U5MjlkMGUwZTQ3MzYtMDBmMDY3YWEwYmE5MDJiNy0wMQ==, " +
+			"tracestate=Y29uZ289dDYxcmNXa2dNekU="},
+		"Traceparent":    {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		"Tracestate":     {"congo=t61rcWkgMzE"},
+		"Content-Type":   {"application/octet-stream"},
+		"Content-Length": {"11"},
+		"Kpar-Tombstone": nil,
 	}
 	for k, v := range want {
-		if g := c.header.Values(k); !slices.Equal(g, v) {
+		g := c.header.Values(k)
+		if k == "Kpar-Header-Trace-Id" { // merged from two names: no order
+			g = slices.Sorted(slices.Values(g))
+			v = slices.Sorted(slices.Values(v))
+		}
+		if !slices.Equal(g, v) {
 			t.Errorf("header %s = %q, want %q", k, g, v)
 		}
+	}
+}
+
+// TestForwardKparHeadersDecodeToTheRecordHeaders decodes Kpar-Headers as a
+// receiver would and gets the record's headers back, names with their case
+// and bytes, in order, which Kpar-Header-<h> cannot promise.
+func TestForwardKparHeadersDecodeToTheRecordHeaders(t *testing.T) {
+	srv, got := recorder(t, http.StatusOK)
+	h := newHandler(t, srv.URL)
+	want := []kgo.RecordHeader{
+		{Key: "ID", Value: []byte("upper")}, {Key: "id", Value: []byte("lower")},
+		{Key: "a=b, c", Value: []byte{0, 1, 2}}, {Key: "\xff%", Value: []byte{}}, {Key: "ID", Value: []byte("again")},
+	}
+	if err := h.Handle(context.Background(), &kgo.Record{Topic: "t", Value: []byte("v"), Headers: want}); err != nil {
+		t.Fatal(err)
+	}
+	c := <-got
+	var back []kgo.RecordHeader
+	for item := range strings.SplitSeq(c.header.Get(HeaderHeaders), ", ") {
+		name, b64, ok := strings.Cut(item, "=")
+		if !ok {
+			t.Fatalf("item %q has no '='", item)
+		}
+		k, err := url.PathUnescape(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back = append(back, kgo.RecordHeader{Key: k, Value: v})
+	}
+	if len(back) != len(want) {
+		t.Fatalf("decoded %q, want %q", back, want)
+	}
+	for i := range want {
+		if back[i].Key != want[i].Key || string(back[i].Value) != string(want[i].Value) {
+			t.Errorf("header %d = %q, want %q", i, back[i], want[i])
+		}
+	}
+	if v := c.header.Values("Kpar-Header-Id"); len(v) != 3 {
+		t.Errorf("Kpar-Header-Id = %q, want the three ID/id values merged (the compatible form)", v)
+	}
+}
+
+func TestForwardTombstoneAndEmptyValueDiffer(t *testing.T) {
+	srv, got := recorder(t, http.StatusOK)
+	h := newHandler(t, srv.URL)
+	for _, tc := range []struct {
+		name      string
+		value     []byte
+		tombstone []string
+	}{
+		{"nil value", nil, []string{"true"}},
+		{"empty value", []byte{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := h.Handle(context.Background(), &kgo.Record{Topic: "t", Value: tc.value}); err != nil {
+				t.Fatal(err)
+			}
+			c := <-got
+			if g := c.header.Values(HeaderTombstone); !slices.Equal(g, tc.tombstone) {
+				t.Errorf("Kpar-Tombstone = %q, want %q", g, tc.tombstone)
+			}
+			if len(c.body) != 0 {
+				t.Errorf("body %q, want empty", c.body)
+			}
+		})
+	}
+}
+
+func TestForwardExtraHeadersAreSent(t *testing.T) {
+	srv, got := recorder(t, http.StatusOK)
+	h := newHandler(t, srv.URL, Header(http.Header{"authorization": {"Bearer x"}}), Header(http.Header{"X-Env": {"a", "b"}}))
+	if err := h.Handle(context.Background(), &kgo.Record{Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	c := <-got
+	if g := c.header.Get("Authorization"); g != "Bearer x" {
+		t.Errorf("Authorization = %q", g)
+	}
+	if g := c.header.Values("X-Env"); !slices.Equal(g, []string{"a", "b"}) {
+		t.Errorf("X-Env = %q", g)
+	}
+}
+
+func TestForwardTLSConfigTrustsAPrivateCA(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	if err := newHandler(t, srv.URL).Handle(context.Background(), &kgo.Record{Topic: "t"}); err == nil {
+		t.Errorf("the system roots trusted the test server's certificate")
+	}
+	h := newHandler(t, srv.URL, TLSConfig(&tls.Config{RootCAs: pool}))
+	if err := h.Handle(context.Background(), &kgo.Record{Topic: "t"}); err != nil {
+		t.Errorf("with the CA: %v", err)
 	}
 }
 
@@ -380,6 +495,13 @@ func TestForwardNewRejectsBadArguments(t *testing.T) {
 		{"zero concurrency", "http://example.com", []Option{Concurrency(0)}},
 		{"negative timeout", "http://example.com", []Option{Timeout(-time.Second)}},
 		{"negative max retry-after", "http://example.com", []Option{MaxRetryAfter(-time.Second)}},
+		{"zero batch", "http://example.com", []Option{Batch(0, time.Millisecond)}},
+		{"batch without wait", "http://example.com", []Option{Batch(10, 0)}},
+		{"kpar header", "http://example.com", []Option{Header(http.Header{"Kpar-Topic": {"x"}})}},
+		{"content type", "http://example.com", []Option{Header(http.Header{"content-type": {"x"}})}},
+		{"traceparent", "http://example.com", []Option{Header(http.Header{"Traceparent": {"x"}})}},
+		{"bad name", "http://example.com", []Option{Header(http.Header{"a b": {"x"}})}},
+		{"line break", "http://example.com", []Option{Header(http.Header{"X-A": {"x\r\nEvil: 1"}})}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := New(tc.url, tc.opts...); err == nil {
@@ -419,32 +541,4 @@ func TestForwardHeaderName(t *testing.T) {
 			t.Errorf("headerName(%q) = %q, want %q", in, got, want)
 		}
 	}
-}
-
-func BenchmarkHandle(b *testing.B) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-	}))
-	defer srv.Close()
-	h, err := New(srv.URL, Concurrency(8))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.CloseIdleConnections()
-	r := &kgo.Record{
-		Topic: "t", Key: []byte("key"), Value: make([]byte, 1024),
-		Headers: []kgo.RecordHeader{{Key: "h", Value: []byte("v")}},
-	}
-	b.ReportAllocs()
-	b.SetParallelism(1)
-	start := time.Now()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := h.Handle(context.Background(), r); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "records/s")
 }

@@ -1,0 +1,329 @@
+package forward
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// batcher collects the records of concurrent Handle calls into requests.
+// The first record of a batch makes its caller the batch's leader: it
+// waits until the batch is full or the wait is over, sends it, and hands
+// every member its record's outcome. No goroutine of its own: a batch
+// lives exactly as long as the Handle calls that make it.
+type batcher struct {
+	h    *Handler
+	n    int
+	wait time.Duration
+
+	mu  sync.Mutex
+	cur *batch // guarded by mu: the batch being filled, nil when none
+}
+
+// batch is one request's worth of records.
+type batch struct {
+	// Appended under batcher.mu until the leader takes the batch; read
+	// only by the leader after that.
+	recs []*kgo.Record
+	ctxs []context.Context
+	full chan struct{} // closed when len(recs) reaches n
+	errs []error       // written by the leader before done closes
+	done chan struct{}
+}
+
+func (b *batcher) handle(ctx context.Context, r *kgo.Record) error {
+	b.mu.Lock()
+	bt := b.cur
+	leader := bt == nil
+	if leader {
+		bt = &batch{
+			recs: make([]*kgo.Record, 0, b.n),
+			ctxs: make([]context.Context, 0, b.n),
+			full: make(chan struct{}),
+			done: make(chan struct{}),
+		}
+		b.cur = bt
+	}
+	i := len(bt.recs)
+	bt.recs = append(bt.recs, r)
+	bt.ctxs = append(bt.ctxs, ctx)
+	if len(bt.recs) == b.n {
+		b.cur = nil
+		close(bt.full)
+	}
+	b.mu.Unlock()
+
+	if !leader {
+		// A member waits for the answer even when its context ends: its
+		// record may be on the wire, and returning early would let kpar
+		// start the next record of its key before the endpoint answered
+		// this one. The request itself ends when every member's context
+		// has (see send).
+		<-bt.done
+		return bt.errs[i]
+	}
+	t := time.NewTimer(b.wait)
+	select {
+	case <-bt.full:
+	case <-t.C:
+	}
+	t.Stop()
+	b.mu.Lock()
+	if b.cur == bt {
+		b.cur = nil
+	}
+	b.mu.Unlock()
+	b.send(bt)
+	close(bt.done)
+	return bt.errs[0]
+}
+
+// send posts bt and fills bt.errs.
+func (b *batcher) send(bt *batch) {
+	h := b.h
+	n := len(bt.recs)
+	bt.errs = make([]error, n)
+	fail := func(err error) {
+		for i := range bt.errs {
+			bt.errs[i] = err
+		}
+	}
+
+	// The request lives while any member still waits for it: it ends
+	// when the last member's context does, or at Timeout.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(bt.ctxs[0]))
+	defer cancel()
+	var left atomic.Int32
+	left.Store(int32(n))
+	for _, c := range bt.ctxs {
+		stop := context.AfterFunc(c, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	ctx, cancelTimeout := h.withTimeout(ctx)
+	defer cancelTimeout()
+
+	body := appendBatch(make([]byte, 0, batchSize(bt.recs)), bt.recs)
+	req := h.newRequest(ctx, body, 3)
+	req.Header["Content-Type"] = jsonType
+	if tp, ts := batchTrace(bt.recs); tp != "" {
+		req.Header[httpTraceParent] = []string{tp}
+		if ts != "" {
+			req.Header[httpTraceState] = []string{ts}
+		}
+	}
+	resp, err := h.do(req)
+	if err != nil {
+		fail(fmt.Errorf("forward: batch of %d: %w", n, err))
+		return
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		err := h.failure(resp)
+		var serr *StatusError
+		if errors.As(err, &serr) {
+			serr.Batch = n
+		}
+		fail(err)
+		return
+	}
+	statuses, err := readStatuses(resp, n)
+	if err != nil {
+		fail(&StatusError{StatusCode: resp.StatusCode, Status: resp.Status, URL: h.redactedURL, Batch: n, Body: err.Error()})
+		return
+	}
+	for i, c := range statuses {
+		if c >= 200 && c <= 299 {
+			continue
+		}
+		serr := &StatusError{StatusCode: c, Status: statusLine(c), URL: h.redactedURL, Batch: n}
+		bt.errs[i] = h.classify(serr, resp.Header.Get("Retry-After"))
+	}
+}
+
+func statusLine(c int) string {
+	if t := http.StatusText(c); t != "" {
+		return strconv.Itoa(c) + " " + t
+	}
+	return strconv.Itoa(c)
+}
+
+// readStatuses reads a 2xx batch answer: nil for an empty body (all done),
+// else a JSON array of n statuses. It closes the body.
+func readStatuses(resp *http.Response, n int) ([]int, error) {
+	defer drain(resp)
+	if resp.ContentLength == 0 {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, drainLimit))
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer: %v", err)
+	}
+	if len(trimSpace(body)) == 0 {
+		return nil, nil
+	}
+	var statuses []int
+	if err := json.Unmarshal(body, &statuses); err != nil {
+		return nil, fmt.Errorf("answer is neither empty nor a JSON array of statuses: %v", err)
+	}
+	if len(statuses) != n {
+		return nil, fmt.Errorf("answer has %d statuses for %d records", len(statuses), n)
+	}
+	return statuses, nil
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// batchTrace returns the trace context of the first record that has one.
+func batchTrace(rs []*kgo.Record) (traceparent, tracestate string) {
+	for _, r := range rs {
+		var tp, ts []byte
+		for _, h := range r.Headers {
+			switch h.Key {
+			case TraceParent:
+				tp = h.Value
+			case TraceState:
+				ts = h.Value
+			}
+		}
+		if tp != nil && validFieldValue(string(tp)) {
+			if !validFieldValue(string(ts)) {
+				ts = nil
+			}
+			return string(tp), string(ts)
+		}
+	}
+	return "", ""
+}
+
+// batchSize estimates the JSON size of rs, so the body is built without
+// growing its buffer in the usual case (names without escapes).
+func batchSize(rs []*kgo.Record) int {
+	n := 2
+	for _, r := range rs {
+		n += 128 + len(r.Topic) + base64.StdEncoding.EncodedLen(len(r.Key)) + base64.StdEncoding.EncodedLen(len(r.Value))
+		for _, h := range r.Headers {
+			n += 2*(len(h.Key)+base64.StdEncoding.EncodedLen(len(h.Value))) + 16
+		}
+	}
+	return n
+}
+
+// appendBatch appends the JSON array of rs (see the package documentation).
+func appendBatch(b []byte, rs []*kgo.Record) []byte {
+	b = append(b, '[')
+	for i, r := range rs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"topic":`...)
+		b = appendJSONString(b, r.Topic)
+		b = append(b, `,"partition":`...)
+		b = strconv.AppendInt(b, int64(r.Partition), 10)
+		b = append(b, `,"offset":`...)
+		b = strconv.AppendInt(b, r.Offset, 10)
+		b = append(b, `,"timestamp":"`...)
+		b = r.Timestamp.UTC().AppendFormat(b, TimestampLayout)
+		b = append(b, `","key":`...)
+		b = appendBase64OrNull(b, r.Key)
+		b = append(b, `,"value":`...)
+		b = appendBase64OrNull(b, r.Value)
+		b = append(b, `,"headers":{`...)
+		first := true
+		for j, h := range r.Headers {
+			if laterHeader(r.Headers[j+1:], h.Key) {
+				continue // the object keeps the last value of a name
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = appendJSONString(b, h.Key)
+			b = append(b, ':', '"')
+			b = base64.StdEncoding.AppendEncode(b, h.Value)
+			b = append(b, '"')
+		}
+		b = append(b, `},"header_list":[`...)
+		for j, h := range r.Headers {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '[')
+			b = appendJSONString(b, h.Key)
+			b = append(b, ',', '"')
+			b = base64.StdEncoding.AppendEncode(b, h.Value)
+			b = append(b, '"', ']')
+		}
+		b = append(b, ']', '}')
+	}
+	return append(b, ']')
+}
+
+func laterHeader(hs []kgo.RecordHeader, k string) bool {
+	for _, h := range hs {
+		if h.Key == k {
+			return true
+		}
+	}
+	return false
+}
+
+func appendBase64OrNull(b, v []byte) []byte {
+	if v == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '"')
+	b = base64.StdEncoding.AppendEncode(b, v)
+	return append(b, '"')
+}
+
+// appendJSONString appends s as a JSON string; bytes that are not valid
+// UTF-8 become U+FFFD, as encoding/json does.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < ' ' || c == 0x7f:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}

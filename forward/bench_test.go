@@ -1,0 +1,148 @@
+package forward
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// benchRecord is a typical record: a short key, a 1 KiB value, two headers.
+func benchRecord() *kgo.Record {
+	return &kgo.Record{
+		Topic: "orders", Partition: 3, Offset: 123456, Timestamp: time.Now(),
+		Key: []byte("customer-42"), Value: bytes.Repeat([]byte{'x'}, 1024),
+		Headers: []kgo.RecordHeader{
+			{Key: "source", Value: []byte("checkout")},
+			{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+		},
+	}
+}
+
+// benchEndpoint reads each request's body and answers 200 with an empty
+// body after serviceTime (0: at once).
+func benchEndpoint(b *testing.B, serviceTime time.Duration) *httptest.Server {
+	b.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if serviceTime > 0 {
+			time.Sleep(serviceTime) // the endpoint's own work
+		}
+	}))
+	b.Cleanup(srv.Close)
+	return srv
+}
+
+// BenchmarkForwardPerRecord measures the cost of forwarding one record
+// (request building, the round trip on a kept-alive connection, reading the
+// answer) against a local endpoint that answers at once.
+func BenchmarkForwardPerRecord(b *testing.B) {
+	srv := benchEndpoint(b, 0)
+	h, err := New(srv.URL, Concurrency(8))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.CloseIdleConnections()
+	r := benchRecord()
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := h.Handle(context.Background(), r); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "records/s")
+}
+
+// runConcurrently calls fn total times from conc goroutines, as kpar's
+// worker pool would, and returns the time it took.
+func runConcurrently(b *testing.B, conc, total int, fn func() error) time.Duration {
+	b.Helper()
+	var left atomic.Int64
+	left.Store(int64(total))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range conc {
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				if err := fn(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
+// loadGenerator is the plain Go HTTP client a user would write: conc
+// goroutines POSTing the value with a pooled client, draining each answer.
+func loadGenerator(b *testing.B, url string, conc, total int, body []byte) time.Duration {
+	b.Helper()
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = conc, conc
+	cl := &http.Client{Transport: t}
+	defer cl.CloseIdleConnections()
+	return runConcurrently(b, conc, total, func() error {
+		resp, err := cl.Post(url, "application/octet-stream", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.Body.Close()
+	})
+}
+
+// forwardRecords runs total records through h from conc goroutines.
+func forwardRecords(b *testing.B, h *Handler, conc, total int, r *kgo.Record) time.Duration {
+	b.Helper()
+	return runConcurrently(b, conc, total, func() error { return h.Handle(context.Background(), r) })
+}
+
+// BenchmarkForwardVsLoadGenerator forwards records at concurrency 128 to an
+// endpoint that takes 2ms per request, and in the same run sends as many
+// requests with a plain load generator at the same concurrency. It reports
+// both rates and their ratio, forward / generator (1 = no overhead). The
+// two alternate, half of b.N each time, so that drift hits both alike.
+func BenchmarkForwardVsLoadGenerator(b *testing.B) {
+	const conc, service = 128, 2 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		batch int
+	}{
+		{"per-record", 1},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			srv := benchEndpoint(b, service)
+			h, err := New(srv.URL, Concurrency(conc))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer h.CloseIdleConnections()
+			r := benchRecord()
+			n := max(b.N, 2*conc)
+			var gen, fwd time.Duration
+			b.ReportAllocs()
+			for range 2 {
+				gen += loadGenerator(b, srv.URL, conc, n/2, r.Value)
+				fwd += forwardRecords(b, h, conc, n/2, r)
+			}
+			genRate, fwdRate := float64(n)/gen.Seconds(), float64(n)/fwd.Seconds()
+			b.ReportMetric(genRate, "generator-req/s")
+			b.ReportMetric(fwdRate, "records/s")
+			b.ReportMetric(fwdRate/genRate, "ratio")
+		})
+	}
+}
