@@ -111,33 +111,42 @@ func forwardRecords(b *testing.B, h *Handler, conc, total int, r *kgo.Record) ti
 	return runConcurrently(b, conc, total, func() error { return h.Handle(context.Background(), r) })
 }
 
-// BenchmarkForwardVsLoadGenerator forwards records at concurrency 128 to an
-// endpoint that takes 2ms per request, and in the same run sends as many
-// requests with a plain load generator at the same concurrency. It reports
-// both rates and their ratio, forward / generator (1 = no overhead). The
-// two alternate, half of b.N each time, so that drift hits both alike.
+// BenchmarkForwardVsLoadGenerator forwards records to an endpoint that
+// takes 5ms per request (the figures of issue 10), and in the same run
+// sends requests with a plain load generator at the same concurrency: 256
+// per record; 400 with batches of 100, what `kpar forward --batch 100`
+// runs by default (4 batches in flight). It reports both rates and their ratio, forwarded records/s
+// over generator requests/s: per record, 1 means no overhead; with
+// batch-100, how many more records a second batching moves. The two
+// alternate, a quarter of the records each time, so that drift hits both alike.
 func BenchmarkForwardVsLoadGenerator(b *testing.B) {
-	const conc, service = 128, 2 * time.Millisecond
+	const service = 5 * time.Millisecond
 	for _, tc := range []struct {
-		name  string
-		batch int
+		name        string
+		batch, conc int
 	}{
-		{"per-record", 1},
+		{"per-record", 1, 256},
+		{"batch-100", 100, 400},
 	} {
+		conc := tc.conc
 		b.Run(tc.name, func(b *testing.B) {
 			srv := benchEndpoint(b, service)
-			h, err := New(srv.URL, Concurrency(conc))
+			opts := []Option{Concurrency(conc)}
+			if tc.batch > 1 {
+				opts = append(opts, Batch(tc.batch, 5*time.Millisecond))
+			}
+			h, err := New(srv.URL, opts...)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer h.CloseIdleConnections()
 			r := benchRecord()
-			n := max(b.N, 2*conc)
+			n := max(b.N, 4*conc)
 			var gen, fwd time.Duration
 			b.ReportAllocs()
-			for range 2 {
-				gen += loadGenerator(b, srv.URL, conc, n/2, r.Value)
-				fwd += forwardRecords(b, h, conc, n/2, r)
+			for range 4 {
+				gen += loadGenerator(b, srv.URL, conc, n/4, r.Value)
+				fwd += forwardRecords(b, h, conc, n/4, r)
 			}
 			genRate, fwdRate := float64(n)/gen.Seconds(), float64(n)/fwd.Seconds()
 			b.ReportMetric(genRate, "generator-req/s")
