@@ -2,12 +2,20 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
+	"net/http"
 	"net/url"
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,38 +31,61 @@ import (
 // at startup before it gives up.
 const connectTimeout = 30 * time.Second
 
-// cmdForward consumes a topic with the kpar engine and POSTs every record to
-// an HTTP endpoint (package forward), dead-lettering what the endpoint
-// rejects or keeps failing to a Kafka topic.
+// cmdForward consumes topics with the kpar engine and POSTs every record
+// (or batch of records) to an HTTP endpoint (package forward),
+// dead-lettering what the endpoint rejects or keeps failing to a Kafka
+// topic, a file or a PostgreSQL table.
 //
 // It exits 0 after SIGINT/SIGTERM once in-flight requests finished (up to
 // --shutdown-timeout) and their offsets are committed, 1 when it cannot run
 // (brokers unreachable, authentication or TLS failing, a fatal client
 // error), and 2 for bad usage.
 func cmdForward(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("forward", ` --brokers LIST --group G --topic T --url URL
+	fs := newFlagSet("forward", ` --brokers LIST --group G --topic T [--topic T2...] --url URL
 
-Consumes topic T as a member of consumer group G with the kpar engine and
-POSTs every record to URL: body = the value; headers Kpar-Topic,
-Kpar-Partition, Kpar-Offset, Kpar-Timestamp, Kpar-Key (base64; absent for a
-nil key) and Kpar-Header-<h> (base64) per record header. A 2xx response
-finishes the record. 408, 429, 5xx, connection errors and timeouts are
-retried with backoff (Retry-After honoured on 429 and 503); after
---max-attempts, and at once for any other 4xx, the record goes to the
-dead-letter topic. Offsets are committed only below finished records; a
-new group starts at the oldest record. SIGINT or SIGTERM stops fetching,
-finishes in-flight requests, commits and exits 0.`, stderr)
+Consumes the topics (or every topic matching --topic-regex) as a member of
+consumer group G with the kpar engine and POSTs every record to URL: body =
+the value; headers Kpar-Topic, Kpar-Partition, Kpar-Offset, Kpar-Timestamp,
+Kpar-Key (base64; absent for a nil key), Kpar-Tombstone: true for a nil
+value (an empty body without it is an empty value), Kpar-Headers (every
+record header in order with its exact name: "name=base64, ..."), and
+Kpar-Header-<h> (base64) per record header, which HTTP merges for names
+differing only in case. A record's traceparent and tracestate headers are
+sent as the request's own, so the endpoint continues the producer's trace.
+With --batch N, up to N records go in one request as a JSON array of
+{"topic","partition","offset","timestamp","key","value","headers",
+"header_list"} (key and value base64, null when nil); the endpoint answers
+2xx with an empty body (all done) or a JSON array of one status per record.
+Batches fill only from records in flight at once, at most one per key
+(--ordering key) or partition (--ordering partition): --concurrency
+defaults to 4 x --batch then, and fewer keys or partitions than --batch
+leave batches partial, sent after --batch-wait.
+A 2xx response finishes the record. 408, 429, 5xx, connection errors and
+timeouts are retried with backoff (Retry-After honoured on 429 and 503);
+after --max-attempts (and --retry-topics, if any), and at once for any
+other 4xx, the record goes to the dead letters. Offsets are committed only
+below finished records; a new group starts at the oldest record. SIGINT or
+SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stderr)
 	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
 	group := fs.String("group", "", "consumer group `G` (required)")
-	topic := fs.String("topic", "", "topic `T` to consume (required)")
+	var topics, topicRegex, headers listFlag
+	fs.Var(&topics, "topic", "`TOPIC` to consume; repeat the flag or separate with commas for several (this or --topic-regex required)")
+	fs.Var(&topicRegex, "topic-regex", "consume every topic matching the regular expression `RE`, including later ones; repeatable (excludes --topic, --retry-topics)")
 	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
+	fs.Var(&headers, "header", "add the header `'Name: value'` to every request; repeatable (KPAR_HEADER: one per line)")
+	headerFile := fs.String("header-file", "", "add the headers in `FILE`, one 'Name: value' per line (# comments), to every request: for secrets")
+	urlCA := fs.String("url-ca", "", "verify an https --url against the PEM CA certificates in `FILE` instead of the system's")
+	batch := fs.Int("batch", 1, "send up to `N` records per request, as a JSON array (1: one record per request, the value as the body)")
+	batchWait := fs.Duration("batch-wait", 5*time.Millisecond, "with --batch, send a batch that is not full this long after its first record")
 	ordering := fs.String("ordering", "key", "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
-	concurrency := fs.Int("concurrency", 64, "requests in flight at once, and the size of the keep-alive connection pool")
-	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered")
+	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 4N)")
+	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
 	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
 	retryBackoffMax := fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts")
+	retryTopics := fs.String("retry-topics", "", "comma-separated `DELAYS` (1s,30s): after --max-attempts a record goes to <topic>.retry.1, due 1s later, then <topic>.retry.2, ..., then the dead letters; the main topic is not held up")
 	attemptTimeout := fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included")
-	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` (default <topic>.dlq)")
+	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
+	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
@@ -68,10 +99,22 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 		return fs.usageError("unexpected argument %q", fs.Arg(0))
 	}
 	for _, req := range []struct{ name, val string }{
-		{"brokers", *brokers}, {"group", *group}, {"topic", *topic}, {"url", *target},
+		{"brokers", *brokers}, {"group", *group}, {"url", *target},
 	} {
 		if strings.TrimSpace(req.val) == "" {
 			return fs.usageError("missing --%s (or %s)", req.name, envName(req.name))
+		}
+	}
+	topicList, regexList := topics.split(","), topicRegex.values
+	switch {
+	case len(topicList) == 0 && len(regexList) == 0:
+		return fs.usageError("missing --topic (or %s) or --topic-regex", envName("topic"))
+	case len(topicList) > 0 && len(regexList) > 0:
+		return fs.usageError("invalid --topic-regex: give either --topic or --topic-regex, not both")
+	}
+	for _, re := range regexList {
+		if _, err := regexp.Compile(re); err != nil {
+			return fs.usageError("invalid --topic-regex %q: %v", re, err)
 		}
 	}
 	seeds, err := splitBrokers(*brokers)
@@ -82,7 +125,14 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	if err != nil {
 		return fs.usageError("invalid --ordering %q: use key, partition or unordered", *ordering)
 	}
+	if *batch > 1 && !fs.given("concurrency") {
+		*concurrency = min(max(*concurrency, 4**batch), 1<<16)
+	}
 	switch {
+	case *batch < 1 || *batch > 1<<14:
+		return fs.usageError("invalid --batch %d: want 1 to 16384", *batch)
+	case *batch > 1 && *batchWait <= 0:
+		return fs.usageError("invalid --batch-wait %v: want more than 0", *batchWait)
 	case *concurrency < 1 || *concurrency > 1<<16:
 		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
 	case *maxAttempts < 1:
@@ -98,17 +148,46 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	case *shutdownTimeout <= 0:
 		return fs.usageError("invalid --shutdown-timeout %v: want more than 0", *shutdownTimeout)
 	}
+	retryDelays, err := parseDelays(*retryTopics)
+	if err != nil {
+		return fs.usageError("invalid --retry-topics %q: %v", *retryTopics, err)
+	}
+	if len(retryDelays) > 0 && len(regexList) > 0 {
+		return fs.usageError("invalid --retry-topics: retry topics need named topics, not --topic-regex")
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fs.usageError("invalid --log-level %q: use debug, info, warn or error", *logLevel)
 	}
-	if *dlqTopic == "" {
-		*dlqTopic = *topic + ".dlq"
+	sink, err := parseDeadLetters(*deadLetters)
+	if err != nil {
+		return fs.usageError("invalid --dead-letters: %v", err)
 	}
-	if *dlqTopic == *topic {
-		return fs.usageError("invalid --dlq-topic %q: it is the topic being consumed", *dlqTopic)
+	if *dlqTopic != "" && sink.scheme != "kafka" {
+		return fs.usageError("invalid --dlq-topic: it names a Kafka topic, and --dead-letters is %s://", sink.scheme)
 	}
-	h, err := forward.New(*target, forward.Concurrency(*concurrency), forward.Timeout(*attemptTimeout))
+	if sink.topic == "" {
+		sink.topic = *dlqTopic
+	}
+	if slices.Contains(topicList, sink.topic) {
+		return fs.usageError("invalid --dlq-topic %q: it is a topic being consumed", sink.topic)
+	}
+	extra, err := requestHeaders(headers.split("\n"), *headerFile)
+	if err != nil {
+		return fs.usageError("%v", err)
+	}
+	fwdOpts := []forward.Option{
+		forward.Concurrency(*concurrency), forward.Timeout(*attemptTimeout), forward.Header(extra),
+		forward.Batch(*batch, *batchWait),
+	}
+	if *urlCA != "" {
+		pool, err := readCAs(*urlCA)
+		if err != nil {
+			return fs.usageError("invalid --url-ca: %v", err)
+		}
+		fwdOpts = append(fwdOpts, forward.TLSConfig(&tls.Config{RootCAs: pool}))
+	}
+	h, err := forward.New(*target, fwdOpts...)
 	if err != nil {
 		return fs.usageError("invalid --url: %v", strings.TrimPrefix(err.Error(), "forward: "))
 	}
@@ -131,38 +210,51 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	if sec.plainTextPassword() {
 		log.Warn("SASL PLAIN without TLS sends the password in clear text; add --tls or --tls-ca")
 	}
-
-	// Dead letters go through a producer client of their own, with the
-	// consumer's seeds and security, placing each on the partition that
-	// matches its original (see deadletter.NewKafkaSink).
-	dlqClient, err := kgo.NewClient(append([]kgo.Opt{
-		kgo.SeedBrokers(seeds...),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.AllowAutoTopicCreation(),
-		kgo.WithLogger(kgoSlog{log.With("client", "dead-letters")}),
-	}, secOpts...)...)
-	if err != nil {
-		return fail("kpar forward: creating the dead-letter client", err)
+	if *batch > 1 && *concurrency < 2**batch {
+		log.Warn("--concurrency is below 2 x --batch: batches cannot fill while one is in flight, and go out after --batch-wait",
+			"concurrency", *concurrency, "batch", *batch)
 	}
-	defer dlqClient.Close()
 
+	dl, closeSink, err := sink.open(ctx, seeds, secOpts, log)
+	if err != nil {
+		return fail("kpar forward: opening the dead-letter sink", err)
+	}
+	defer closeSink()
+
+	consumeOpts := []kgo.Opt{
+		kgo.SessionTimeout(*sessionTimeout),
+		// Three heartbeats per session timeout, as Kafka advises.
+		kgo.HeartbeatInterval(min(3*time.Second, *sessionTimeout/3)),
+	}
+	subscribed := topicList
+	if len(regexList) > 0 {
+		subscribed = regexList
+		// The dead letters must not match the expression and be consumed.
+		exclude := `.*\.dlq`
+		if sink.topic != "" {
+			exclude = regexp.QuoteMeta(sink.topic)
+		}
+		consumeOpts = append(consumeOpts, kgo.ConsumeExcludeTopics(exclude))
+	}
 	opts := []kpar.Opt{
 		kpar.Brokers(seeds...),
-		kpar.ClientOptions(append([]kgo.Opt{
-			kgo.SessionTimeout(*sessionTimeout),
-			// Three heartbeats per session timeout, as Kafka advises.
-			kgo.HeartbeatInterval(min(3*time.Second, *sessionTimeout/3)),
-		}, secOpts...)...),
+		kpar.ClientOptions(append(consumeOpts, secOpts...)...),
 		kpar.Group(*group),
-		kpar.Topics(*topic),
+		kpar.Topics(subscribed...),
 		kpar.Concurrency(*concurrency),
 		kpar.WithOrdering(ord),
 		kpar.MaxAttempts(*maxAttempts),
 		kpar.RetryBackoff(*retryBackoff, *retryBackoffMax),
 		kpar.AttemptTimeout(*attemptTimeout),
 		kpar.ShutdownTimeout(*shutdownTimeout),
-		kpar.DeadLetters(deadletter.NewKafkaSink(dlqClient, deadletter.TopicName(*dlqTopic))),
+		kpar.DeadLetters(dl),
 		kpar.WithLogger(log),
+	}
+	if len(regexList) > 0 {
+		opts = append(opts, kpar.TopicRegex())
+	}
+	if len(retryDelays) > 0 {
+		opts = append(opts, kpar.RetryTopics(retryDelays...))
 	}
 	var metrics *kparprom.Metrics
 	if *metricsListen != "" {
@@ -187,10 +279,25 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	}
 
 	attrs := []any{
-		"brokers", strings.Join(seeds, ","), "group", *group, "topic", *topic,
+		"brokers", strings.Join(seeds, ","), "group", *group,
 		"url", redactURL(*target), "ordering", ord.String(), "concurrency", *concurrency,
-		"max_attempts", *maxAttempts, "attempt_timeout", *attemptTimeout, "dlq_topic", *dlqTopic,
-		"tls", sec.usesTLS(),
+		"max_attempts", *maxAttempts, "attempt_timeout", *attemptTimeout,
+		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
+	}
+	if len(regexList) > 0 {
+		attrs = append(attrs, "topic_regex", strings.Join(regexList, ","))
+	} else {
+		attrs = append(attrs, "topics", strings.Join(topicList, ","))
+	}
+	if *batch > 1 {
+		attrs = append(attrs, "batch", *batch, "batch_wait", *batchWait)
+	}
+	if len(retryDelays) > 0 {
+		attrs = append(attrs, "retry_topics", *retryTopics)
+	}
+	if len(extra) > 0 {
+		// Names only: the values are often credentials.
+		attrs = append(attrs, "headers", strings.Join(slices.Sorted(maps.Keys(extra)), ","))
 	}
 	if m := sec.saslMechanism(); m != "" {
 		attrs = append(attrs, "sasl", strings.ToLower(m), "sasl_user", sec.user)
@@ -223,6 +330,247 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	}
 	log.Info("kpar forward stopped: in-flight records finished and offsets committed")
 	return 0
+}
+
+// listFlag is a repeatable string flag.
+type listFlag struct{ values []string }
+
+func (l *listFlag) String() string { return strings.Join(l.values, ",") }
+
+func (l *listFlag) Set(v string) error {
+	l.values = append(l.values, v)
+	return nil
+}
+
+// split returns the values, each also split at sep, trimmed, empty ones
+// dropped: --topic a,b and KPAR_HEADER with one header per line.
+func (l *listFlag) split(sep string) []string {
+	var out []string
+	for _, v := range l.values {
+		for p := range strings.SplitSeq(v, sep) {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// given reports whether the flag was set on the command line or through
+// its environment variable.
+func (f *flagSet) given(name string) bool {
+	set := false
+	f.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	_, env := os.LookupEnv(envName(name))
+	return set || env
+}
+
+// parseDelays reads --retry-topics: comma-separated durations above 0.
+func parseDelays(s string) ([]time.Duration, error) {
+	var ds []time.Duration
+	for p := range strings.SplitSeq(s, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		d, err := time.ParseDuration(p)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a duration", p)
+		}
+		if d <= 0 {
+			return nil, fmt.Errorf("delay %v: want more than 0", d)
+		}
+		ds = append(ds, d)
+	}
+	if strings.TrimSpace(s) != "" && len(ds) == 0 {
+		return nil, errors.New("no delay in the list")
+	}
+	return ds, nil
+}
+
+// requestHeaders reads --header values and the --header-file lines, each
+// "Name: value". Errors name the flag (and line), never the value, which is
+// often a secret.
+func requestHeaders(flags []string, file string) (http.Header, error) {
+	hd := http.Header{}
+	add := func(line, where string) error {
+		name, value, ok := strings.Cut(line, ":")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" {
+			return fmt.Errorf("invalid %s: want 'Name: value'", where)
+		}
+		if err := checkHeaderField(name, value); err != nil {
+			return fmt.Errorf("invalid %s: %v", where, err)
+		}
+		hd.Add(name, value)
+		return nil
+	}
+	for _, h := range flags {
+		name, _, _ := strings.Cut(h, ":")
+		if err := add(h, fmt.Sprintf("--header %q", strings.TrimSpace(name))); err != nil {
+			return nil, err
+		}
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("invalid --header-file: %v", err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if err := add(line, fmt.Sprintf("--header-file %s line %d", file, i+1)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// forward.New knows which names kpar sets itself; ask it now, so that
+	// the error names the header flag rather than --url.
+	if _, err := forward.New("http://localhost/", forward.Header(hd)); err != nil {
+		return nil, fmt.Errorf("invalid --header/--header-file: %v", strings.TrimPrefix(err.Error(), "forward: "))
+	}
+	return hd, nil
+}
+
+// checkHeaderField rejects a header that net/http would refuse to send.
+func checkHeaderField(name, value string) error {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return fmt.Errorf("header name %q is not an HTTP token", name)
+		}
+	}
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return fmt.Errorf("the value of %s has a control character", name)
+		}
+	}
+	return nil
+}
+
+// readCAs reads PEM CA certificates.
+func readCAs(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", file)
+	}
+	return pool, nil
+}
+
+// deadLetterSink is a parsed --dead-letters URL: the same forms `kpar dlq
+// --source` reads.
+type deadLetterSink struct {
+	scheme  string   // kafka, file, postgres
+	brokers []string // kafka: nil means the consumed cluster
+	topic   string   // kafka: "" means <topic>.dlq per topic
+	path    string   // file
+	dsn     string   // postgres, without kpar_table
+	table   string   // postgres
+}
+
+func parseDeadLetters(raw string) (deadLetterSink, error) {
+	if raw == "" {
+		return deadLetterSink{scheme: "kafka"}, nil
+	}
+	scheme, rest, _ := strings.Cut(raw, "://")
+	switch strings.ToLower(scheme) {
+	case "kafka":
+		hosts, path, _ := strings.Cut(rest, "/")
+		if strings.TrimSpace(path) == "" {
+			seeds, err := splitBrokers(hosts)
+			if err != nil {
+				return deadLetterSink{}, fmt.Errorf("%q: %v", raw, err)
+			}
+			return deadLetterSink{scheme: "kafka", brokers: seeds}, nil
+		}
+		seeds, ts, err := deadletter.ParseKafkaURL(raw)
+		if err != nil {
+			return deadLetterSink{}, errors.New(strings.TrimPrefix(err.Error(), "deadletter: "))
+		}
+		if len(ts) > 1 {
+			return deadLetterSink{}, fmt.Errorf("%q: name one topic", raw)
+		}
+		if _, err := splitBrokers(strings.Join(seeds, ",")); err != nil {
+			return deadLetterSink{}, fmt.Errorf("%q: %v", raw, err)
+		}
+		return deadLetterSink{scheme: "kafka", brokers: seeds, topic: ts[0]}, nil
+	case "file":
+		if rest == "" {
+			return deadLetterSink{}, fmt.Errorf("%q: no path", raw)
+		}
+		return deadLetterSink{scheme: "file", path: rest}, nil
+	case "postgres", "postgresql":
+		u, err := url.Parse(raw)
+		if err != nil {
+			return deadLetterSink{}, fmt.Errorf("not a URL: %v", err)
+		}
+		q := u.Query()
+		table := q.Get(deadletter.TableParam)
+		q.Del(deadletter.TableParam)
+		u.RawQuery = q.Encode()
+		return deadLetterSink{scheme: "postgres", dsn: u.String(), table: table}, nil
+	}
+	return deadLetterSink{}, fmt.Errorf("%q: want kafka://, file://, postgres:// or postgresql://", redactURL(raw))
+}
+
+// describe is the sink for the start-up log line, without passwords.
+func (s deadLetterSink) describe() string {
+	switch s.scheme {
+	case "file":
+		return "file://" + s.path
+	case "postgres":
+		return redactURL(s.dsn)
+	}
+	where := "the consumed cluster"
+	if s.brokers != nil {
+		where = strings.Join(s.brokers, ",")
+	}
+	topic := s.topic
+	if topic == "" {
+		topic = "<topic>.dlq"
+	}
+	return fmt.Sprintf("kafka topic %s on %s", topic, where)
+}
+
+// open makes the sink. A Kafka sink gets a producer client of its own,
+// with the consumer's security, placing each letter on the partition that
+// matches its original (see deadletter.NewKafkaSink).
+func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.Opt, log *slog.Logger) (deadletter.Sink, func(), error) {
+	switch s.scheme {
+	case "file":
+		fs, err := deadletter.NewFileSink(s.path)
+		if err != nil {
+			return nil, nil, err
+		}
+		return fs, func() { _ = fs.Close() }, nil
+	case "postgres":
+		var opts []deadletter.PostgresOption
+		if s.table != "" {
+			opts = append(opts, deadletter.Table(s.table))
+		}
+		ps, err := deadletter.OpenPostgresSink(ctx, s.dsn, opts...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ps, ps.Close, nil
+	}
+	if s.brokers != nil {
+		seeds = s.brokers
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(seeds...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.AllowAutoTopicCreation(),
+		kgo.WithLogger(kgoSlog{log.With("client", "dead-letters")}),
+	}, secOpts...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	// TopicName("") keeps the sink's default, <topic>.dlq per topic.
+	return deadletter.NewKafkaSink(cl, deadletter.TopicName(s.topic)), cl.Close, nil
 }
 
 // splitBrokers splits a comma-separated list of host:port.
