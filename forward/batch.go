@@ -327,3 +327,20 @@ func appendJSONString(b []byte, s string) []byte {
 	}
 	return append(b, '"')
 }
+
+// BatchRecord is one element of a batch request's JSON array, for a
+// receiver written in Go: json.Unmarshal into []BatchRecord decodes the
+// body, base64 included (encoding/json reads []byte as base64), with Key
+// and Value nil for null.
+type BatchRecord struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Timestamp time.Time `json:"timestamp"`
+	Key       []byte    `json:"key"`
+	Value     []byte    `json:"value"`
+	// Headers has the last value of each header name.
+	Headers map[string][]byte `json:"headers"`
+	// HeaderList has every header in record order: [name, base64 value].
+	HeaderList [][2]string `json:"header_list"`
+}

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -227,14 +228,10 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		kgo.HeartbeatInterval(min(3*time.Second, *sessionTimeout/3)),
 	}
 	subscribed := topicList
+	var handler kpar.Handler = h
 	if len(regexList) > 0 {
 		subscribed = regexList
-		// The dead letters must not match the expression and be consumed.
-		exclude := `.*\.dlq`
-		if sink.topic != "" {
-			exclude = regexp.QuoteMeta(sink.topic)
-		}
-		consumeOpts = append(consumeOpts, kgo.ConsumeExcludeTopics(exclude))
+		handler = skipDeadLetters(h, sink, log)
 	}
 	opts := []kpar.Opt{
 		kpar.Brokers(seeds...),
@@ -261,7 +258,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		metrics = kparprom.New()
 		opts = append(opts, kpar.WithHooks(metrics), kpar.ClientOptions(metrics.ClientOpts()...))
 	}
-	c, err := kpar.New(h, opts...)
+	c, err := kpar.New(handler, opts...)
 	if err != nil {
 		return fail("kpar forward: invalid configuration", err)
 	}
@@ -330,6 +327,31 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	}
 	log.Info("kpar forward stopped: in-flight records finished and offsets committed")
 	return 0
+}
+
+// skipDeadLetters wraps h for --topic-regex: an expression such as
+// ^orders also matches the dead-letter topics orders.dlq, whose records
+// must not be forwarded again (nor dead-lettered to orders.dlq.dlq). They
+// are passed over as done. (kgo.ConsumeExcludeTopics would keep them from
+// being fetched at all, but kpar.ClientOptions cannot take it.)
+func skipDeadLetters(h kpar.Handler, sink deadLetterSink, log *slog.Logger) kpar.Handler {
+	if sink.scheme != "kafka" {
+		return h
+	}
+	isDLQ := func(topic string) bool { return strings.HasSuffix(topic, ".dlq") }
+	if sink.topic != "" {
+		isDLQ = func(topic string) bool { return topic == sink.topic }
+	}
+	var warned sync.Map // topic -> struct{}: one warning per topic
+	return kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if !isDLQ(r.Topic) {
+			return h.Handle(ctx, r)
+		}
+		if _, seen := warned.LoadOrStore(r.Topic, struct{}{}); !seen {
+			log.Warn("--topic-regex matches a dead-letter topic; its records are not forwarded", "topic", r.Topic)
+		}
+		return nil
+	})
 }
 
 // listFlag is a repeatable string flag.

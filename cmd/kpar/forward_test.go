@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,10 +11,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -35,6 +38,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/forward"
 )
@@ -889,6 +893,26 @@ func TestForwardRejectsBadFlags(t *testing.T) {
 		{"sasl mechanism", append(slices.Clone(base), "--sasl-mechanism", "gssapi"), nil, "--sasl-mechanism"},
 		{"sasl without password", append(slices.Clone(base), "--sasl-mechanism", "plain", "--sasl-user", "u"), nil, "--sasl-password"},
 		{"extra argument", append(slices.Clone(base), "now"), nil, `"now"`},
+		{"batch", append(slices.Clone(base), "--batch", "0"), nil, "--batch"},
+		{"batch from env", base, map[string]string{"KPAR_BATCH": "lots"}, "--batch"},
+		{"batch wait", append(slices.Clone(base), "--batch", "10", "--batch-wait", "0s"), nil, "--batch-wait"},
+		{"topic and regex", append(slices.Clone(base), "--topic-regex", "t.*"), nil, "--topic-regex"},
+		{"bad regex", []string{"--brokers", "h:1", "--group", "g", "--url", "http://x/", "--topic-regex", "("}, nil, "--topic-regex"},
+		{"retry topics", append(slices.Clone(base), "--retry-topics", "1s,soon"), nil, "--retry-topics"},
+		{"retry topics zero", append(slices.Clone(base), "--retry-topics", "0s"), nil, "--retry-topics"},
+		{"retry topics with regex", []string{"--brokers", "h:1", "--group", "g", "--url", "http://x/", "--topic-regex", "t.*", "--retry-topics", "1s"}, nil, "--retry-topics"},
+		{"dead letters scheme", append(slices.Clone(base), "--dead-letters", "s3://bucket"), nil, "--dead-letters"},
+		{"dead letters broker", append(slices.Clone(base), "--dead-letters", "kafka://nohost/t.dlq"), nil, "--dead-letters"},
+		{"dead letters two topics", append(slices.Clone(base), "--dead-letters", "kafka://h:1/a,b"), nil, "--dead-letters"},
+		{"dead letters no path", append(slices.Clone(base), "--dead-letters", "file://"), nil, "--dead-letters"},
+		{"dlq topic with a file sink", append(slices.Clone(base), "--dead-letters", "file:///tmp/x", "--dlq-topic", "d"), nil, "--dlq-topic"},
+		{"dead-letter topic is consumed", append(slices.Clone(base), "--dead-letters", "kafka://h:1/t"), nil, "--dlq-topic"},
+		{"header without colon", append(slices.Clone(base), "--header", "X-Token"), nil, "--header"},
+		{"header kpar sets", append(slices.Clone(base), "--header", "Kpar-Topic: x"), nil, "--header"},
+		{"header from env", base, map[string]string{"KPAR_HEADER": "A: 1\nbad name: 2"}, "--header"},
+		{"header file missing", append(slices.Clone(base), "--header-file", "/nonexistent/h"), nil, "--header-file"},
+		{"url ca missing", append(slices.Clone(base), "--url-ca", "/nonexistent/ca.pem"), nil, "--url-ca"},
+		{"url ca not pem", append(slices.Clone(base), "--url-ca", "forward_test.go"), nil, "--url-ca"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
@@ -910,6 +934,28 @@ func TestForwardRejectsBadFlags(t *testing.T) {
 	}
 }
 
+// A header's value is a secret: a bad one is reported by name only.
+func TestForwardBadHeaderDoesNotShowItsValue(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "headers")
+	if err := os.WriteFile(file, []byte("# secrets\nAuthorization: Bearer s3cret\nX-Bad\x7f: s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--header", "X-Token: s3cret\x01"},
+		{"--header-file", file},
+	} {
+		var stderr bytes.Buffer
+		base := []string{"--brokers", "127.0.0.1:9092", "--group", "g", "--topic", "t", "--url", "http://127.0.0.1:8080/in"}
+		if code := cmdForward(t.Context(), append(base, args...), io.Discard, &stderr); code != 2 {
+			t.Errorf("%q: exit code %d, want 2", args, code)
+		}
+		if msg := stderr.String(); strings.Contains(msg, "s3cret") || !strings.Contains(msg, args[0]) {
+			t.Errorf("%q: stderr %q, want the flag named and the value hidden", args, msg)
+		}
+	}
+}
+
 func TestForwardHelpListsEveryFlag(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := cmdForward(t.Context(), []string{"--help"}, &stdout, &stderr); code != 0 {
@@ -920,6 +966,8 @@ func TestForwardHelpListsEveryFlag(t *testing.T) {
 		"-retry-backoff", "-attempt-timeout", "-dlq-topic", "-shutdown-timeout", "-metrics-listen",
 		"-tls-ca", "-tls-cert", "-tls-key", "-sasl-mechanism", "-sasl-user", "-sasl-password",
 		"(default 64)", "(default 3)", "(default 100ms)", "(default 10s)", "(default 30s)", `(default "key")`,
+		"-batch", "-batch-wait", "(default 5ms)", "-header", "-header-file", "-url-ca", "-retry-topics",
+		"-dead-letters", "-topic-regex", "Kpar-Tombstone", "Kpar-Headers", "traceparent",
 	} {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage does not mention %s:\n%s", f, stderr.String())
@@ -1007,4 +1055,261 @@ func tail(w *watchWriter) string {
 		lines = append([]string{fmt.Sprintf("[... %d lines ...]", len(lines)-40)}, lines[len(lines)-40:]...)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// ---- batches, extra headers, other sinks, trace context ----
+
+// newBatchEndpoint is newEndpoint for --batch: each request is a JSON array
+// of records, answered with one status per record from behave. It checks
+// that every request carries wantHeader and that no batch holds two
+// records of one key and partition; sizes receives every batch's size.
+// Records of topic orders keep their index, those of the other topic
+// (refunds) are numbered from 1000.
+func newBatchEndpoint(t *testing.T, wantHeader http.Header, behave func(index, attempt int) reply) (*endpoint, *[]int) {
+	t.Helper()
+	e := &endpoint{
+		behave:   behave,
+		attempts: make(map[int][]time.Time),
+		ok:       make(map[int]int),
+		changed:  make(chan struct{}),
+	}
+	var sizes []int
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var items []forward.BatchRecord
+		body, _ := io.ReadAll(r.Body)
+		err := json.Unmarshal(body, &items)
+		for k := range wantHeader {
+			if r.Header.Get(k) != wantHeader.Get(k) {
+				err = errors.Join(err, fmt.Errorf("header %s = %q", k, r.Header.Get(k)))
+			}
+		}
+		if r.Header.Get("Content-Type") != "application/json" {
+			err = errors.Join(err, fmt.Errorf("content type %q", r.Header.Get("Content-Type")))
+		}
+		lanes := map[string]bool{}
+		statuses := make([]int, len(items))
+		e.mu.Lock()
+		sizes = append(sizes, len(items))
+		for j, it := range items {
+			v, k := it.Value, it.Key
+			// Topics after the first number their records from 1000.
+			i, ierr := strconv.Atoi(string(v))
+			if it.Topic != "orders" {
+				i += 1000
+			}
+			lane := fmt.Sprintf("%s/%d/%s", it.Topic, it.Partition, k)
+			if ierr != nil || lanes[lane] || err != nil {
+				e.bad = append(e.bad, fmt.Sprintf("item %+v (lane taken %v): %v %v", it, lanes[lane], ierr, err))
+				statuses[j] = http.StatusBadRequest
+				continue
+			}
+			lanes[lane] = true
+			e.attempts[i] = append(e.attempts[i], time.Now())
+			rp := e.behave(i, len(e.attempts[i]))
+			statuses[j] = cmp.Or(rp.status, http.StatusOK)
+			if statuses[j]/100 == 2 {
+				if e.ok[i] == 0 {
+					e.first = append(e.first, delivery{i, it.Topic + "/" + string(k), it.Partition, it.Offset})
+				}
+				e.ok[i]++
+			}
+		}
+		close(e.changed)
+		e.changed = make(chan struct{})
+		e.mu.Unlock()
+		json.NewEncoder(w).Encode(statuses)
+	}))
+	t.Cleanup(e.srv.Close)
+	return e, &sizes
+}
+
+// TestForwardBatchesToAFileSink runs `kpar forward --batch 10` on two
+// topics with extra headers from the environment and a file, and
+// dead letters in a file: every record is delivered once or dead-lettered
+// once, per-record statuses are honoured, batches hold at most one record
+// per key and partition, and each key's records succeed in order.
+func TestForwardBatchesToAFileSink(t *testing.T) {
+	t.Parallel()
+	bin := buildKpar(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "3")
+
+	const group, n, keys = "batcher", 200, 12
+	for _, topic := range []string{"orders", "refunds"} {
+		produceIndexed(ctx, t, topic, n, keys, kgo.SeedBrokers(addr))
+	}
+	dir := t.TempDir()
+	headerFile := filepath.Join(dir, "headers")
+	if err := os.WriteFile(headerFile, []byte("# the endpoint's key\nAuthorization: Bearer s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dlqFile := filepath.Join(dir, "dead.jsonl")
+	behave := func(i, attempt int) reply {
+		i %= 1000 // the same records in both topics
+		switch {
+		case i%20 == 7:
+			return reply{status: http.StatusUnprocessableEntity}
+		case i%9 == 4 && attempt == 1:
+			return reply{status: http.StatusServiceUnavailable}
+		}
+		return reply{}
+	}
+	ep, sizes := newBatchEndpoint(t, http.Header{"X-Api-Key": {"k1"}, "X-Env": {"e2e"}, "Authorization": {"Bearer s3cret"}}, behave)
+	t.Cleanup(func() {
+		ep.mu.Lock()
+		defer ep.mu.Unlock()
+		if t.Failed() && len(ep.bad) > 0 {
+			t.Logf("first malformed request: %s", ep.bad[0])
+		}
+	})
+	// KPAR_HEADER holds one header per line (a --header flag would
+	// replace it, as flags replace their variables).
+	p := startForward(ctx, t, bin, []string{"KPAR_HEADER=X-Api-Key: k1\nX-Env: e2e"},
+		"--brokers", addr, "--group", group, "--topic", "orders", "--topic", "refunds",
+		"--url", ep.srv.URL, "--batch", "10", "--batch-wait", "2ms",
+		"--header-file", headerFile,
+		"--dead-letters", "file://"+dlqFile, "--retry-backoff", "10ms")
+	rejected := 0
+	for i := range n {
+		if i%20 == 7 {
+			rejected++
+		}
+	}
+	ep.waitFor(ctx, t, p, "every good record delivered", func() bool { return ep.delivered() >= 2*(n-rejected) })
+	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
+	}
+	for _, topic := range []string{"orders", "refunds"} {
+		checkCommittedAtEnd(ctx, t, addr, group, topic)
+	}
+	if strings.Contains(p.stderr.String(), "s3cret") {
+		t.Errorf("the log shows a header value:\n%s", tail(p.stderr))
+	}
+
+	src, err := deadletter.OpenSource(ctx, "file://"+dlqFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var letters []deadletter.DeadLetter
+	if err := src.Read(ctx, func(l deadletter.DeadLetter) error { letters = append(letters, l); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(letters) != 2*rejected {
+		t.Errorf("%d dead letters, want %d", len(letters), 2*rejected)
+	}
+	for _, l := range letters {
+		i, _ := strconv.Atoi(string(l.Record.Value))
+		if i%20 != 7 || l.Class != deadletter.ClassPermanent || !strings.Contains(l.Message, "422") {
+			t.Errorf("dead letter %d: class %s, message %q; want a permanent 422", i, l.Class, l.Message)
+		}
+	}
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if len(ep.bad) > 0 {
+		t.Errorf("malformed requests: %q", ep.bad)
+	}
+	for i, c := range ep.ok {
+		if c != 1 || i%1000%20 == 7 {
+			t.Errorf("record %d answered 2xx %d times, want once, and never for a rejected one", i, c)
+		}
+	}
+	checkKeyOrder(t, ep.first)
+	largest := slices.Max(*sizes)
+	if largest < 2 || largest > 10 {
+		t.Errorf("largest batch %d, want 2 to 10", largest)
+	}
+}
+
+// TestForwardSendsTraceContextOverPrivateTLS produces a record with W3C
+// trace context and a tombstone to a topic found by --topic-regex, and
+// forwards them to an https endpoint whose CA is given with --url-ca: the
+// request of the first carries the producer's traceparent (same trace ID)
+// and tracestate, the second is marked Kpar-Tombstone.
+func TestForwardSendsTraceContextOverPrivateTLS(t *testing.T) {
+	t.Parallel()
+	bin := buildKpar(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "1")
+
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	const traceparent = "00-" + traceID + "-00f067aa0ba902b7-01"
+	cl := newClient(t, addr, kgo.AllowAutoTopicCreation())
+	defer cl.Close()
+	err := cl.ProduceSync(ctx,
+		&kgo.Record{Topic: "traced.a", Key: []byte("k"), Value: []byte("hello"), Headers: []kgo.RecordHeader{
+			{Key: "traceparent", Value: []byte(traceparent)}, {Key: "tracestate", Value: []byte("congo=t61rcWkgMzE")},
+		}},
+		&kgo.Record{Topic: "traced.a", Key: []byte("k")}, // a tombstone
+	).FirstErr()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	got := make(chan http.Header, 2)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+	}))
+	defer srv.Close()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	pemCert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if err := os.WriteFile(caFile, pemCert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startForward(ctx, t, bin, nil, "--brokers", addr, "--group", "tracer",
+		"--topic-regex", `^traced\.`, "--url", srv.URL, "--url-ca", caFile)
+	var hs []http.Header
+	for len(hs) < 2 {
+		select {
+		case h := <-got:
+			hs = append(hs, h)
+		case <-p.exited:
+			t.Fatalf("kpar forward exited: %v; stderr:\n%s", p.waitErr, tail(p.stderr))
+		case <-ctx.Done():
+			t.Fatalf("%d of 2 requests; stderr:\n%s", len(hs), tail(p.stderr))
+		}
+	}
+	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code %d, want 0; stderr:\n%s", code, tail(p.stderr))
+	}
+	// One key in one partition: the two arrive in order.
+	tp := hs[0].Get("Traceparent")
+	if parts := strings.Split(tp, "-"); len(parts) != 4 || parts[1] != traceID {
+		t.Errorf("traceparent %q, want trace ID %s", tp, traceID)
+	}
+	if ts := hs[0].Get("Tracestate"); ts != "congo=t61rcWkgMzE" {
+		t.Errorf("tracestate %q", ts)
+	}
+	if hs[0].Get(forward.HeaderTombstone) != "" || hs[1].Get(forward.HeaderTombstone) != "true" {
+		t.Errorf("Kpar-Tombstone %q then %q, want none then true", hs[0].Get(forward.HeaderTombstone), hs[1].Get(forward.HeaderTombstone))
+	}
+	if hs[1].Get("Traceparent") != "" {
+		t.Errorf("the record without trace context was sent with traceparent %q", hs[1].Get("Traceparent"))
+	}
+}
+
+func TestForwardTopicRegexPassesOverDeadLetterTopics(t *testing.T) {
+	var handled []string
+	h := kpar.HandlerFunc(func(_ context.Context, r *kgo.Record) error { handled = append(handled, r.Topic); return nil })
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		sink deadLetterSink
+		want []string
+	}{
+		{deadLetterSink{scheme: "kafka"}, []string{"orders", "orders.dlqx", "dead"}},
+		{deadLetterSink{scheme: "kafka", topic: "dead"}, []string{"orders", "orders.dlq", "orders.dlqx"}},
+		{deadLetterSink{scheme: "file", path: "x"}, []string{"orders", "orders.dlq", "orders.dlqx", "dead"}},
+	} {
+		handled = nil
+		wrapped := skipDeadLetters(h, tc.sink, log)
+		for _, topic := range []string{"orders", "orders.dlq", "orders.dlqx", "dead"} {
+			if err := wrapped.Handle(t.Context(), &kgo.Record{Topic: topic}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !slices.Equal(handled, tc.want) {
+			t.Errorf("sink %+v: forwarded %q, want %q", tc.sink, handled, tc.want)
+		}
+	}
 }
