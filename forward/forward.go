@@ -37,6 +37,11 @@
 // upper-case hex, so names never contain '=' or ',' and decode back to the
 // exact bytes: "trace id" is sent as trace%20id.
 //
+// Both forms travel in the request's head, which servers and proxies limit
+// (nginx to 8 KiB a line by default, Go to 1 MiB in all): a record with
+// large headers can be refused with 431, a permanent error. Batch puts
+// the headers in the body instead.
+//
 // # Request, a batch
 //
 // With Batch(n, wait), records are collected into batches of up to n, sent
@@ -60,10 +65,12 @@
 // ordering gives the handler at most one record per key and partition (Key
 // mode) or per partition (Partition mode) at a time, so a batch never holds
 // two records whose order matters, whatever the endpoint does with them.
-// Batches fill only when kpar runs at least n handlers at once: give kpar a
-// Concurrency of at least n, better 2n so that one batch fills while
-// another is in flight; fewer keys (Key mode) or partitions (Partition
-// mode) than n also leave batches partial, sent after wait.
+// Batches fill only when kpar runs at least n handlers at once, and kpar's
+// Concurrency bounds records, not requests: at Concurrency c about c/n
+// batches are in flight. Give kpar a Concurrency of several times n (kpar
+// forward uses 8n); fewer keys (Key mode) or partitions (Partition mode)
+// than n leave batches partial, sent after wait. The connection pool
+// (Concurrency here) only needs c/n connections.
 //
 // # Response
 //

@@ -59,8 +59,8 @@ With --batch N, up to N records go in one request as a JSON array of
 2xx with an empty body (all done) or a JSON array of one status per record.
 Batches fill only from records in flight at once, at most one per key
 (--ordering key) or partition (--ordering partition): --concurrency
-defaults to 4 x --batch then, and fewer keys or partitions than --batch
-leave batches partial, sent after --batch-wait.
+defaults to 8 x --batch then (8 batches in flight), and fewer keys or
+partitions than --batch leave batches partial, sent after --batch-wait.
 A 2xx response finishes the record. 408, 429, 5xx, connection errors and
 timeouts are retried with backoff (Retry-After honoured on 429 and 503);
 after --max-attempts (and --retry-topics, if any), and at once for any
@@ -79,7 +79,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	batch := fs.Int("batch", 1, "send up to `N` records per request, as a JSON array (1: one record per request, the value as the body)")
 	batchWait := fs.Duration("batch-wait", 5*time.Millisecond, "with --batch, send a batch that is not full this long after its first record")
 	ordering := fs.String("ordering", "key", "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
-	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 4N)")
+	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
 	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
 	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
 	retryBackoffMax := fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts")
@@ -127,7 +127,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		return fs.usageError("invalid --ordering %q: use key, partition or unordered", *ordering)
 	}
 	if *batch > 1 && !fs.given("concurrency") {
-		*concurrency = min(max(*concurrency, 4**batch), 1<<16)
+		*concurrency = min(max(*concurrency, 8**batch), 1<<16)
 	}
 	switch {
 	case *batch < 1 || *batch > 1<<14:
