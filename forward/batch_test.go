@@ -319,3 +319,30 @@ func produceKeyed(ctx context.Context, t *testing.T, seeds []string, topic strin
 		t.Fatal(err)
 	}
 }
+
+// A batch request ends once every member's context has: members wait for
+// the answer (so kpar's order holds), but not past their own deadline.
+func TestForwardBatchRequestEndsWithItsMembersContexts(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // never answers
+	}))
+	defer srv.Close()
+	h := newHandler(t, srv.URL, Batch(2, time.Hour))
+	ctx1, cancel1 := context.WithCancel(t.Context())
+	ctx2, cancel2 := context.WithCancel(t.Context())
+	errs := make(chan error, 2)
+	go func() { errs <- h.Handle(ctx1, &kgo.Record{Topic: "t"}) }()
+	go func() { errs <- h.Handle(ctx2, &kgo.Record{Topic: "t"}) }()
+	cancel1()
+	select {
+	case err := <-errs:
+		t.Fatalf("a member returned (%v) while the other still waits for the answer", err)
+	default:
+	}
+	cancel2()
+	for range 2 {
+		if err := <-errs; err == nil || kpar.IsPermanent(err) {
+			t.Errorf("err %v, want a retryable error", err)
+		}
+	}
+}

@@ -434,6 +434,26 @@ func TestForwardRedirectKeepingTheMethodIsFollowedWithTheBody(t *testing.T) {
 	}
 }
 
+// A redirect to another host keeps the record but not the Header values,
+// which are often credentials for the first host.
+func TestForwardRedirectToAnotherHostDropsExtraHeaders(t *testing.T) {
+	got := make(chan http.Header, 1)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Header.Clone() }))
+	defer other.Close()
+	first := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/in", http.StatusTemporaryRedirect)
+	}))
+	defer first.Close()
+	h := newHandler(t, first.URL, Header(http.Header{"Authorization": {"Bearer x"}}))
+	if err := h.Handle(context.Background(), &kgo.Record{Topic: "t", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	hd := <-got
+	if hd.Get("Authorization") != "" || hd.Get(HeaderTopic) != "t" {
+		t.Errorf("other host saw Authorization %q, Kpar-Topic %q: want none and t", hd.Get("Authorization"), hd.Get(HeaderTopic))
+	}
+}
+
 // TestForwardPoolKeepsConnectionsAlive checks that Concurrency workers share
 // Concurrency keep-alive connections: no connection per request, and never
 // more connections than the pool allows, even with more callers.
