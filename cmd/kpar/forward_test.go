@@ -1313,3 +1313,24 @@ func TestForwardTopicRegexPassesOverDeadLetterTopics(t *testing.T) {
 		}
 	}
 }
+
+func TestForwardParseDeadLetters(t *testing.T) {
+	for raw, want := range map[string]deadLetterSink{
+		"":                             {scheme: "kafka"},
+		"kafka://h1:9092,h2:9092":      {scheme: "kafka", brokers: []string{"h1:9092", "h2:9092"}},
+		"kafka://h1:9092/":             {scheme: "kafka", brokers: []string{"h1:9092"}},
+		"kafka://h1:9092/orders.dead":  {scheme: "kafka", brokers: []string{"h1:9092"}, topic: "orders.dead"},
+		"file:///var/lib/kpar/d.jsonl": {scheme: "file", path: "/var/lib/kpar/d.jsonl"},
+		"file://dead.jsonl":            {scheme: "file", path: "dead.jsonl"},
+		"postgres://u:p@db/kpar?sslmode=disable&kpar_table=dl": {scheme: "postgres", dsn: "postgres://u:p@db/kpar?sslmode=disable", table: "dl"},
+		"postgresql://db/kpar":                                 {scheme: "postgres", dsn: "postgresql://db/kpar"},
+	} {
+		got, err := parseDeadLetters(raw)
+		if err != nil || fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+			t.Errorf("parseDeadLetters(%q) = %+v, %v; want %+v", raw, got, err, want)
+		}
+	}
+	if s, _ := parseDeadLetters("postgres://u:s3cret@db/kpar"); strings.Contains(s.describe(), "s3cret") {
+		t.Errorf("describe() = %q shows the password", s.describe())
+	}
+}
