@@ -202,3 +202,31 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 	}
 	return nil
 }
+
+// retryLater re-queues a failed record after backoff. The record keeps its
+// lane meanwhile, so later records of its key (or partition) wait for it;
+// other lanes go on. Called with mu held.
+func (e *engine) retryLater(t *task, backoff time.Duration) {
+	// A record waiting on a timer leaves the shared byte budget: however
+	// many records wait for retries, healthy partitions keep being fetched.
+	// Each partition's window still bounds its waiting records.
+	ps, size := t.Value.part, t.Value.size
+	ps.waiting += size
+	e.bytes -= size
+	e.budgetFreed()
+	e.timers[t] = time.AfterFunc(backoff, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if _, ok := e.timers[t]; !ok || e.stop {
+			return
+		}
+		delete(e.timers, t)
+		if ps.status != live {
+			return
+		}
+		ps.waiting -= size
+		e.bytes += size
+		e.ready.Push(t)
+		e.wake(1)
+	})
+}

@@ -1,0 +1,170 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// poll is the only caller of PollRecords. It returns nil when ctx ends and
+// an error when the client reports a fatal one.
+func (e *engine) poll(ctx context.Context) error {
+	for {
+		if !e.waitForBytes(ctx) {
+			return nil
+		}
+		fs := e.cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			return nil
+		}
+		if err := fatalFetchError(fs, e.log, ""); err != nil {
+			return err
+		}
+		e.admit(fs)
+	}
+}
+
+// isFatal reports errors that retrying cannot fix: bad credentials and
+// missing permissions. Run returns them instead of looping.
+func isFatal(err error) bool {
+	return errors.Is(err, kerr.SaslAuthenticationFailed) ||
+		errors.Is(err, kerr.TopicAuthorizationFailed) ||
+		errors.Is(err, kerr.GroupAuthorizationFailed) ||
+		errors.Is(err, kerr.ClusterAuthorizationFailed) ||
+		errors.Is(err, kerr.IllegalSaslState) ||
+		errors.Is(err, kerr.UnsupportedSaslMechanism)
+}
+
+// waitForBytes waits until buffered bytes are below MaxBufferedBytes. It
+// reports false when ctx ended first.
+func (e *engine) waitForBytes(ctx context.Context) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.bytes >= e.cfg.maxBytes {
+		e.pollWait = true
+		e.mu.Unlock()
+		select {
+		case <-e.space:
+		case <-ctx.Done():
+			e.mu.Lock()
+			return false
+		}
+		e.mu.Lock()
+	}
+	return true
+}
+
+// recordOverhead approximates the memory a buffered record costs beyond its
+// bytes: the kgo.Record and kpar's task.
+const recordOverhead = 256
+
+// recordSize is what a buffered record counts against MaxBufferedBytes.
+func recordSize(r *kgo.Record) int64 {
+	n := recordOverhead + len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}
+
+// admit puts polled records into their windows and the scheduler. Records
+// that do not fit in a full window are held until it has room; once a
+// window's worth is held the partition is paused: the client stops fetching
+// it while the others go on.
+func (e *engine) admit(fs kgo.Fetches) {
+	// The lock is taken per partition, and each slab allocated before it,
+	// so workers finishing records wait for one partition's worth of
+	// bookkeeping at most, not a whole fetch's.
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		slab := make([]task, min(len(p.Records), e.cfg.windowRecords))
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		ps := e.parts[tp{p.Topic, p.Partition}]
+		if ps == nil || ps.status != live {
+			return // not ours (any more): the owner fetches them again
+		}
+		recs := p.Records
+		// Offsets only grow within an assignment; older ones mean the
+		// client rewound (an offset reset). Records already admitted are
+		// done or still tracked, so skipping them loses nothing.
+		last := ps.win.End() - 1
+		if n := len(ps.held); n > 0 {
+			last = ps.held[n-1].Offset
+		}
+		for len(recs) > 0 && recs[0].Offset <= last {
+			recs = recs[1:]
+		}
+		for _, r := range recs {
+			size := recordSize(r)
+			ps.bytes += size
+			e.bytes += size
+			e.pending++
+		}
+		readyBefore := e.ready.Len()
+		if len(ps.held) == 0 {
+			room := min(len(recs), e.cfg.windowRecords-ps.win.Len())
+			e.push(ps, recs[:room], slab)
+			recs = recs[room:]
+		}
+		ps.held = append(ps.held, recs...)
+		// Keep up to one window of records fetched ahead, so a draining
+		// window refills without waiting for a fetch; pause beyond that.
+		// (A resume takes effect only with the next fetch, which can wait
+		// FetchMaxWait, so pausing on every overflow stalls the pipeline.)
+		if len(ps.held) >= e.cfg.windowRecords && !ps.paused {
+			ps.paused = true
+			e.cl.PauseFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
+			for _, h := range e.hooks.paused {
+				h.OnPartitionPaused(ps.topic, ps.partition, ps.win.Len())
+			}
+		}
+		e.wake(e.ready.Len() - readyBefore)
+	})
+}
+
+// push appends records to ps's window and schedules them. Called with mu
+// held.
+func (e *engine) push(ps *partState, recs []*kgo.Record, slab []task) {
+	if len(recs) == 0 {
+		return
+	}
+	// One allocation per push instead of one per record; admit brings its
+	// own, made outside the lock.
+	if len(slab) < len(recs) {
+		slab = make([]task, len(recs))
+	}
+	for i, r := range recs {
+		t := &slab[i]
+		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
+		if ps.level > 0 {
+			decodeRetry(&t.Value, ps.level)
+		}
+		e.schedule(t)
+	}
+}
+
+// fatalFetchError logs the errors of a poll and returns the first one that
+// retrying cannot fix (see isFatal), for the engine and RunMembers alike.
+// who prefixes the error's text and attrs the log lines.
+func fatalFetchError(fs kgo.Fetches, log *slog.Logger, who string, attrs ...any) error {
+	var fatal error
+	fs.EachError(func(topic string, partition int32, err error) {
+		switch {
+		case errors.Is(err, context.Canceled):
+		case isFatal(err):
+			if fatal == nil {
+				fatal = fmt.Errorf("kpar: %sfatal error from the client (topic %q, partition %d): %w", who, topic, partition, err)
+			}
+		default:
+			log.Warn("kpar: fetch error", append(attrs, "topic", topic, "partition", partition, "err", err)...)
+		}
+	})
+	return fatal
+}
