@@ -49,6 +49,13 @@ type engine struct {
 	// sink); exileWake nudges it.
 	exiled    []*task
 	exileWake chan struct{}
+	// commitAsked is set when a record finished since the committer last
+	// took a snapshot; commitWake (capacity 1) wakes the committer.
+	commitAsked bool
+	commitWake  chan struct{}
+	// commitMu serialises commits from snapshot to response (commit.go). It
+	// is taken before mu, never while holding it.
+	commitMu sync.Mutex
 	// drained is closed when pending reaches 0 after draining began.
 	draining bool
 	drained  chan struct{}
@@ -68,6 +75,7 @@ func newEngine(c *Consumer) *engine {
 		slots:   make(attemptSlots, c.cfg.concurrency),
 
 		exileWake:  make(chan struct{}, 1),
+		commitWake: make(chan struct{}, 1),
 		stuckAfter: c.cfg.stuckAfter,
 	}
 	if e.stuckAfter == 0 {
@@ -115,6 +123,9 @@ func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.
 		kgo.ConsumeTopics(topics...),
 		kgo.DisableAutoCommit(),
 	)
+	if c.instanceID != "" {
+		opts = append(opts, kgo.InstanceID(c.instanceID))
+	}
 	if c.regex {
 		opts = append(opts, kgo.ConsumeRegex())
 	}

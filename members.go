@@ -100,6 +100,10 @@ func (m *member) clientOpts() []kgo.Opt {
 	// move their partitions: no commit for a partition we lost, and the
 	// next owner starts where we stopped.
 	opts := m.cfg.groupClientOpts(nil, m.cfg.topics, kgo.BlockRebalanceOnPoll())
+	if m.cfg.instanceID != "" {
+		// One ID per member: members sharing an ID would fence each other.
+		opts = append(opts, kgo.InstanceID(fmt.Sprintf("%s-%d", m.cfg.instanceID, m.id)))
+	}
 	if len(m.hooks.assigned) > 0 {
 		opts = append(opts, kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
 			for _, h := range m.hooks.assigned {

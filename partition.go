@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/offsetmeta"
 	"github.com/kpar/kpar/internal/sched"
 	"github.com/kpar/kpar/internal/window"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -107,8 +108,34 @@ type partState struct {
 	committed int64         // last committed offset, -1 for none
 	idle      chan struct{} // closed when running drops to 0 while revoking
 
+	// Finished-offsets bookkeeping for the committer (commit.go).
+	progress      uint64 // bumped whenever a record of the window finishes
+	committedProg uint64 // progress as of the last successful commit
+	committedMeta int    // finished offsets above committed the last commit's metadata covered
+	metaCut       bool   // the last commit's metadata left finished offsets out
+	metaLimit     int    // metadata bytes allowed; lowered when a broker refuses the size
+	// skip holds the finished offsets read from the commit metadata at
+	// assignment: records fetched at these offsets are finished without
+	// running (push). Sorted; consumed from the front as records arrive.
+	skip    []offsetmeta.Run
+	skipped int // records finished from skip in this assignment
+
 	// Stuck detection, sampled by the watchdog.
 	stuckOffset   int64
 	stuckSince    time.Time
 	stuckReported bool
+}
+
+// finishedBefore reports whether offset is in the finished set read from
+// the commit metadata at assignment. Offsets arrive in increasing order, so
+// runs below offset are dropped as it goes.
+func (ps *partState) finishedBefore(offset int64) bool {
+	for len(ps.skip) > 0 && ps.skip[0].To <= offset {
+		ps.skip = ps.skip[1:]
+	}
+	if len(ps.skip) == 0 {
+		ps.skip = nil
+		return false
+	}
+	return ps.skip[0].From <= offset
 }

@@ -141,6 +141,19 @@ func (e *engine) push(ps *partState, recs []*kgo.Record, slab []task) {
 		slab = make([]task, len(recs))
 	}
 	for i, r := range recs {
+		if ps.skip != nil && ps.finishedBefore(r.Offset) {
+			// Finished before the last commit (its metadata said so):
+			// take its place in the window, done, without running it.
+			ps.win.Done(ps.win.Push(r.Offset))
+			ps.progress++
+			ps.skipped++
+			size := recordSize(r)
+			ps.bytes -= size
+			e.bytes -= size
+			e.pending--
+			e.budgetFreed()
+			continue
+		}
 		t := &slab[i]
 		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
 		if ps.level > 0 {

@@ -2,13 +2,20 @@ package kpar
 
 import (
 	"context"
+	"errors"
 	"time"
 
+	"github.com/kpar/kpar/internal/offsetmeta"
 	"github.com/kpar/kpar/internal/window"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-func (e *engine) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+// onAssigned creates the state of newly assigned partitions. kgo calls it
+// before it fetches their committed offsets and starts fetching records, so
+// the finished sets read here are in place before the first record.
+func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	finished := e.readFinished(ctx, cl, assigned)
 	e.mu.Lock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
@@ -21,6 +28,8 @@ func (e *engine) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 				level:     e.retryLevelOf(topic),
 				win:       window.New(e.cfg.windowRecords),
 				committed: -1,
+				metaLimit: e.cfg.commitMetadataBytes,
+				skip:      finished[k],
 			}
 		}
 	}
@@ -128,4 +137,44 @@ func (e *engine) dropLocked(ps *partState) {
 		delete(e.parts, ps.tp)
 	}
 	e.budgetFreed()
+}
+
+// readFinished reads the committed offsets of the assigned partitions with
+// their metadata and decodes the finished sets kpar stored there. Anything
+// it cannot read or decode (a failed request, metadata of another client,
+// a future version) means nothing is skipped: those records are handled
+// again, never lost.
+func (e *engine) readFinished(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) map[tp][]offsetmeta.Run {
+	if e.cfg.commitMetadataBytes == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resps, err := kadm.NewClient(cl).FetchOffsets(ctx, e.cfg.group)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		e.log.Warn("kpar: reading the finished offsets of the last commit failed; records finished above the committed offsets will be handled again", "err", err)
+		return nil
+	}
+	out := make(map[tp][]offsetmeta.Run)
+	for topic, parts := range assigned {
+		for _, p := range parts {
+			r, ok := resps.Lookup(topic, p)
+			if !ok || r.At < 0 || r.Metadata == "" {
+				continue
+			}
+			runs, err := offsetmeta.Decode(r.Metadata, r.At)
+			if err != nil {
+				if !errors.Is(err, offsetmeta.ErrNotKpar) {
+					e.log.Warn("kpar: unreadable finished-offsets metadata; handling every record from the committed offset",
+						"topic", topic, "partition", p, "offset", r.At, "err", err)
+				}
+				continue
+			}
+			out[tp{topic, p}] = runs
+		}
+	}
+	return out
 }

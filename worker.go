@@ -317,6 +317,8 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 func (e *engine) complete(t *task) (next *task) {
 	ps := t.Value.part
 	ps.win.Done(t.Value.seq)
+	ps.progress++
+	e.askCommit()
 	next = ps.lanes.Release(t)
 	e.release(ps, t)
 	if len(ps.held) > 0 {
