@@ -177,6 +177,17 @@ type PartitionStats struct {
 	InFlight int
 	// Paused reports whether fetching is paused because the window is full.
 	Paused bool
+	// CommittedFinished counts the offsets above Committed that the last
+	// commit's metadata marks finished (offsets compacted away between
+	// finished records included): after a crash the next owner skips them.
+	CommittedFinished int
+	// MetadataCut reports that the finished set did not fit in
+	// CommitMetadataBytes at the last commit: the finished records left
+	// out would be handled again after a crash.
+	MetadataCut bool
+	// Skipped counts the records of this assignment finished without
+	// running because the last owner's commit metadata listed them.
+	Skipped int
 }
 
 // Partitions returns a snapshot of every assigned partition's window, for

@@ -243,7 +243,11 @@ func TestRebalanceLosesNothing(t *testing.T) {
 // committing "the highest finished offset" would have committed 100 and the
 // restarted consumer would never see offset 10. kpar committed 10 — the
 // window start — so the new consumer gets offset 10 again.
-func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
+// TestCrashRedeliversOnlyUnfinishedRecord SIGKILLs a consumer whose
+// offset 10 never finishes while 11-99 did: the committed offset stays at
+// 10, and the commit metadata carries 11-99, so the restarted consumer
+// handles offset 10 and nothing else.
+func TestCrashRedeliversOnlyUnfinishedRecord(t *testing.T) {
 	if os.Getenv("KPAR_CRASH_CHILD") != "" {
 		crashChild()
 		return
@@ -253,7 +257,7 @@ func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashRedeliversUnfinishedRecord$")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashRedeliversOnlyUnfinishedRecord$")
 	cmd.Env = append(os.Environ(), "KPAR_CRASH_CHILD="+strings.Join(c.ListenAddrs(), ","))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -264,7 +268,7 @@ func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The child prints "committed 10" once every fast record is done and
-	// the commit of the window start (10) was acknowledged.
+	// a commit made after that was acknowledged.
 	sc := bufio.NewScanner(out)
 	for sc.Scan() && sc.Text() != "committed 10" {
 	}
@@ -278,68 +282,68 @@ func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
 	if committed[0] != 10 {
 		t.Fatalf("committed offset %d after the crash; want 10 (the unfinished record)", committed[0])
 	}
-	got := make(chan int64, 1)
+	var (
+		mu      sync.Mutex
+		handled []int64
+	)
 	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-		select {
-		case got <- r.Offset:
-		default:
-		}
+		mu.Lock()
+		handled = append(handled, r.Offset)
+		mu.Unlock()
 		return nil
 	})
-	cons, err := New(h, append(testOpts(c, "crash", "crash"), WithOrdering(Partition))...)
+	caughtUp := make(chan struct{})
+	var once sync.Once
+	hook := commitHook(func(offs map[string]map[int32]int64, err error) {
+		if err == nil && offs["crash"][0] == 100 {
+			once.Do(func() { close(caughtUp) })
+		}
+	})
+	cons, err := New(h, append(testOpts(c, "crash", "crash"), WithOrdering(Partition), WithHooks(hook))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
-	select {
-	case off := <-got:
-		if off != 10 {
-			t.Fatalf("restarted consumer began at offset %d; want 10", off)
-		}
-	case <-ctx.Done():
-		t.Fatal("restarted consumer received nothing")
-	}
+	waitFor(t, caughtUp, 30*time.Second, "the restarted consumer to commit offset 100")
 	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(handled) != 1 || handled[0] != 10 {
+		t.Fatalf("restarted consumer handled offsets %v; want only [10]: 11-99 finished before the crash", handled)
+	}
 }
 
-// crashChild runs in the child process of TestCrashRedeliversUnfinishedRecord:
-// offset 10 never finishes, everything else does.
+// crashChild runs in the child process of
+// TestCrashRedeliversOnlyUnfinishedRecord: offset 10 never finishes,
+// everything else does.
 func crashChild() {
 	brokers := strings.Split(os.Getenv("KPAR_CRASH_CHILD"), ",")
-	// Print once both happened, in whichever order: every fast record is
-	// done, and the window start (10) was committed.
-	var (
-		mu        sync.Mutex
-		fast      int
-		committed bool
-		printed   bool
-	)
-	report := func() {
-		if fast == 99 && committed && !printed {
-			printed = true
-			fmt.Println("committed 10")
-		}
-	}
+	// Print once a commit recorded offset 10 as the start and 11-99 as
+	// finished in its metadata.
+	var c *Consumer
+	committed := make(chan struct{}, 1)
 	hook := commitHook(func(offs map[string]map[int32]int64, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if err == nil && offs["crash"][0] == 10 {
-			committed = true
-			report()
+		select {
+		case committed <- struct{}{}:
+		default:
 		}
 	})
+	go func() {
+		for range committed {
+			if st := c.Partitions(); len(st) == 1 && st[0].Committed == 10 && st[0].CommittedFinished == 89 {
+				fmt.Println("committed 10")
+				return
+			}
+		}
+	}()
 	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 		if r.Offset == 10 {
 			<-ctx.Done() // slow: never finishes before the kill
 			return ctx.Err()
 		}
-		mu.Lock()
-		fast++
-		report()
-		mu.Unlock()
 		return nil
 	})
-	c, err := New(h,
+	cons, err := New(h,
 		Brokers(brokers...), Group("crash"), Topics("crash"),
 		WithOrdering(Unordered), CommitInterval(20*time.Millisecond), WithHooks(hook),
 		WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
@@ -348,6 +352,7 @@ func crashChild() {
 	if err != nil {
 		panic(err)
 	}
+	c = cons
 	c.Run(context.Background())
 }
 

@@ -28,6 +28,7 @@ type engine struct {
 	stuckAfter time.Duration
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
+	stashes []stash      // each worker's taken records not started yet (worker.go)
 	overdue atomic.Int64 // attempts running past their deadline at the last scan
 
 	cl *kgo.Client // set once in run before any goroutine starts
@@ -73,6 +74,7 @@ func newEngine(c *Consumer) *engine {
 		timers:  make(map[*task]*time.Timer),
 		space:   make(chan struct{}, 1),
 		slots:   make(attemptSlots, c.cfg.concurrency),
+		stashes: make([]stash, c.cfg.concurrency),
 
 		exileWake:  make(chan struct{}, 1),
 		commitWake: make(chan struct{}, 1),
@@ -167,6 +169,9 @@ func (e *engine) run(ctx context.Context) error {
 	var committer sync.WaitGroup
 	committer.Go(func() { e.committer(commitCtx) })
 	committer.Go(func() { e.watchdog(commitCtx, hctx.Done()) })
+	if e.batch == nil {
+		committer.Go(func() { e.stealer(commitCtx) })
+	}
 
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	pollDone := make(chan error, 1)

@@ -26,6 +26,10 @@ func (e *engine) stats() []PartitionStats {
 			Finished:  ps.win.FinishedAbove(),
 			InFlight:  ps.running,
 			Paused:    ps.paused,
+
+			CommittedFinished: ps.committedMeta,
+			MetadataCut:       ps.metaCut,
+			Skipped:           ps.skipped,
 		})
 	}
 	slices.SortFunc(out, func(a, b PartitionStats) int {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -20,10 +22,98 @@ const maxTake = 64
 // microseconds at most.
 const fastHandler = 20 * time.Microsecond
 
+// stealAfter is how long a worker may stay in one handler call before the
+// records it took with it (and has not started) go back to the ready queue
+// for other workers. Fast batches form only below fastHandler per record,
+// so a call this long is an outlier: a slow record must not hold back the
+// records taken with it.
+const stealAfter = 10 * time.Millisecond
+
+// stash holds the records a worker took and has not started yet. mu is
+// taken after engine.mu when both are held; the stealer takes it alone.
+type stash struct {
+	mu    sync.Mutex
+	tasks []*task // guarded by mu
+
+	started atomic.Uint64 // records this worker started; written by the worker
+	seen    uint64        // started at the stealer's last look; owned by the stealer
+}
+
+func (s *stash) pop() *task {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.tasks) == 0 {
+		s.tasks = s.tasks[:0]
+		return nil
+	}
+	t := s.tasks[0]
+	s.tasks[0] = nil
+	s.tasks = s.tasks[1:]
+	return t
+}
+
+func (s *stash) push(t *task) {
+	s.mu.Lock()
+	s.tasks = append(s.tasks, t)
+	s.mu.Unlock()
+}
+
+func (s *stash) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.tasks)
+}
+
+// stealer gives the stashed records of a worker that has been in one
+// handler call for stealAfter back to the ready queue, so that other
+// workers run them. It runs until ctx ends.
+func (e *engine) stealer(ctx context.Context) {
+	t := time.NewTicker(stealAfter)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for i := range e.stashes {
+			st := &e.stashes[i]
+			if n := st.started.Load(); n != st.seen {
+				st.seen = n
+				continue
+			}
+			st.mu.Lock()
+			stolen := st.tasks
+			st.tasks = nil
+			st.mu.Unlock()
+			if len(stolen) == 0 {
+				continue
+			}
+			e.mu.Lock()
+			ready := 0
+			for _, t := range stolen {
+				ps := t.Value.part
+				ps.running--
+				if ps.running == 0 && ps.idle != nil {
+					close(ps.idle)
+					ps.idle = nil
+				}
+				if ps.status == live {
+					e.ready.Push(t)
+					ready++
+				}
+			}
+			e.wake(ready)
+			e.mu.Unlock()
+		}
+	}
+}
+
 func (e *engine) worker(ctx context.Context, slot int) {
 	var (
 		batch []*task
 		recs  []*kgo.Record
+		st    = &e.stashes[slot]
 		// perRecord estimates this worker's handler time per record. Until
 		// a fast handler is measured, records are taken one at a time so a
 		// slow handler never sits on records another worker could run.
@@ -44,27 +134,35 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		if e.ready.Len() > 0 && e.idle > 0 {
 			e.cond.Signal() // pass the wake-up on: there is more to do
 		}
-		e.mu.Unlock()
 		if len(batch) == 0 {
-			e.mu.Lock()
 			continue
 		}
+		if e.batch == nil {
+			st.mu.Lock()
+			st.tasks = append(st.tasks, batch...)
+			st.mu.Unlock()
+			clear(batch)
+		}
+		e.mu.Unlock()
 
 		// Both return with mu held, so the last finish and the next take
 		// share one lock round trip.
 		if e.batch != nil {
 			e.runBatch(ctx, slot, batch, &recs)
 		} else {
-			perRecord = e.runEach(ctx, slot, batch, perRecord)
+			perRecord = e.runEach(ctx, slot, perRecord)
 		}
 	}
 }
 
-// runEach runs the handler on each taken record and finishes each one as
-// soon as its handler returns, so a slow record never holds back the
-// completion of a fast one taken with it. It returns the updated estimate of
-// the handler's time per record.
-func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord time.Duration) time.Duration {
+// runEach runs the handler on each record of the worker's stash and
+// finishes each one as soon as its handler returns, so a slow record never
+// holds back the completion of a fast one taken with it; the stealer gives
+// the rest of the stash to other workers when one call runs long. It
+// returns with mu held and the updated estimate of the handler's time per
+// record.
+func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration) time.Duration {
+	st := &e.stashes[slot]
 	start := time.Now()
 	// A batch only forms when the handler is fast; its records then share
 	// one attempt context and one clock reading, which would otherwise cost
@@ -73,11 +171,22 @@ func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord
 	fast := perRecord < fastHandler
 	var shared *attemptCtx
 	now := start
-	for i := 0; i < len(batch); i++ {
-		t := batch[i]
-		if shared == nil && i > 0 {
+	ran := 0
+	locked := false
+	for {
+		t := st.pop()
+		if t == nil {
+			break
+		}
+		if locked {
+			e.mu.Unlock()
+			locked = false
+		}
+		if shared == nil && ran > 0 {
 			now = time.Now()
 		}
+		ran++
+		st.started.Add(1)
 		e.dispatched(t, now)
 		actx := shared
 		if actx == nil {
@@ -95,29 +204,32 @@ func (e *engine) runEach(ctx context.Context, slot int, batch []*task, perRecord
 		}
 		backoff := e.observe(t, err)
 		e.mu.Lock()
+		locked = true
 		next := e.finish(t, err, timedOut, backoff, now)
-		batch[i] = nil
 		if next != nil {
-			if fast && len(batch) < maxTake && next.Value.part.status == live {
+			if fast && ran < maxTake && next.Value.part.status == live {
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
-				batch = append(batch, next)
+				st.push(next)
 			} else {
 				e.ready.Push(next)
-				if i < len(batch)-1 {
+				if st.len() > 0 {
 					e.wake(1)
 				} // else this worker takes again at once
 			}
 		}
-		if i < len(batch)-1 {
-			e.mu.Unlock()
-		}
+	}
+	if !locked {
+		e.mu.Lock()
 	}
 	if shared != nil {
 		e.slots[slot].Store(nil)
 	}
-	took := time.Since(start) / time.Duration(len(batch))
+	if ran == 0 {
+		return perRecord // everything was stolen before it started
+	}
+	took := time.Since(start) / time.Duration(ran)
 	if perRecord > time.Minute {
 		return took
 	}
