@@ -118,14 +118,10 @@ func TestCommitMetadataFallsBackWhenTooLarge(t *testing.T) {
 func TestForeignCommitMetadataRedelivers(t *testing.T) {
 	c := newCluster(t, "foreign", 2)
 	produce(t, c, "foreign", 200, 200)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	adm := adminClient(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, "foreign")
+	ends, err := adm.ListEndOffsets(ctx, "foreign")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +130,7 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 	var os kadm.Offsets
 	os.Add(kadm.Offset{Topic: "foreign", Partition: 0, At: 5, LeaderEpoch: -1, Metadata: "kgo-member-1234"})
 	os.Add(kadm.Offset{Topic: "foreign", Partition: 1, At: 7, LeaderEpoch: -1, Metadata: "kpar1:BwFyAQAB"}) // offset 7, runs, count 1, then cut short
-	if resp, err := kadm.NewClient(cl).CommitOffsets(ctx, "foreign", os); err != nil || resp.Error() != nil {
+	if resp, err := adm.CommitOffsets(ctx, "foreign", os); err != nil || resp.Error() != nil {
 		t.Fatalf("pre-commit: %v %v", err, resp.Error())
 	}
 
@@ -162,7 +158,7 @@ func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 	for _, o := range []Ordering{Key, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {
 			c := newCluster(t, "slow", 1)
-			const n = 900 // below WindowRecords: the blocked record holds the window start
+			const n = 900               // below WindowRecords: the blocked record holds the window start
 			produce(t, c, "slow", n, n) // every record its own key
 			release := make(chan struct{})
 			l := newLedger(n - 1)
