@@ -50,6 +50,10 @@ type engine struct {
 	// sink); exileWake nudges it.
 	exiled    []*task
 	exileWake chan struct{}
+	// toggles are pause/resume decisions for the fetch controller
+	// (poll.go); toggleWake (capacity 1) wakes it.
+	toggles    []fetchToggle
+	toggleWake chan struct{}
 	// commitAsked is set when a record finished since the committer last
 	// took a snapshot; commitWake (capacity 1) wakes the committer.
 	commitAsked bool
@@ -78,6 +82,7 @@ func newEngine(c *Consumer) *engine {
 
 		exileWake:  make(chan struct{}, 1),
 		commitWake: make(chan struct{}, 1),
+		toggleWake: make(chan struct{}, 1),
 		stuckAfter: c.cfg.stuckAfter,
 	}
 	if e.stuckAfter == 0 {
@@ -168,6 +173,7 @@ func (e *engine) run(ctx context.Context) error {
 	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
 	var committer sync.WaitGroup
 	committer.Go(func() { e.committer(commitCtx) })
+	committer.Go(func() { e.fetchController(commitCtx) })
 	committer.Go(func() { e.watchdog(commitCtx, hctx.Done()) })
 	if e.batch == nil {
 		committer.Go(func() { e.stealer(commitCtx) })

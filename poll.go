@@ -120,10 +120,7 @@ func (e *engine) admit(fs kgo.Fetches) {
 		// FetchMaxWait, so pausing on every overflow stalls the pipeline.)
 		if len(ps.held) >= e.cfg.windowRecords && !ps.paused {
 			ps.paused = true
-			e.cl.PauseFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
-			for _, h := range e.hooks.paused {
-				h.OnPartitionPaused(ps.topic, ps.partition, ps.win.Len())
-			}
+			e.toggleFetch(fetchToggle{ps.tp, true, ps.win.Len(), true})
 		}
 		e.wake(e.ready.Len() - readyBefore)
 	})
@@ -180,4 +177,61 @@ func fatalFetchError(fs kgo.Fetches, log *slog.Logger, who string, attrs ...any)
 		}
 	})
 	return fatal
+}
+
+// fetchToggle is a decision, taken under mu, to pause or resume fetching a
+// partition; the fetch controller applies it to the client and tells the
+// hooks, outside the lock.
+type fetchToggle struct {
+	tp
+	pause    bool
+	buffered int  // the window's size when it was decided, for the hooks
+	report   bool // call the paused/resumed hooks (not for a dropped partition)
+}
+
+// toggleFetch queues t for the fetch controller. Called with mu held.
+func (e *engine) toggleFetch(t fetchToggle) {
+	e.toggles = append(e.toggles, t)
+	select {
+	case e.toggleWake <- struct{}{}:
+	default:
+	}
+}
+
+// fetchController applies pause and resume decisions in the order they
+// were taken, so that neither the client nor a user hook is ever called
+// under the engine's lock. It runs until ctx ends.
+func (e *engine) fetchController(ctx context.Context) {
+	var todo []fetchToggle
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.toggleWake:
+		}
+		e.mu.Lock()
+		todo, e.toggles = e.toggles, todo[:0]
+		e.mu.Unlock()
+		for _, t := range todo {
+			parts := map[string][]int32{t.topic: {t.partition}}
+			if t.pause {
+				e.cl.PauseFetchPartitions(parts)
+			} else {
+				e.cl.ResumeFetchPartitions(parts)
+			}
+			if !t.report {
+				continue
+			}
+			if t.pause {
+				for _, h := range e.hooks.paused {
+					h.OnPartitionPaused(t.topic, t.partition, t.buffered)
+				}
+			} else {
+				for _, h := range e.hooks.resumed {
+					h.OnPartitionResumed(t.topic, t.partition, t.buffered)
+				}
+			}
+		}
+		clear(todo)
+	}
 }

@@ -131,7 +131,7 @@ func (e *engine) dropLocked(ps *partState) {
 	}
 	if ps.paused {
 		ps.paused = false
-		e.cl.ResumeFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
+		e.toggleFetch(fetchToggle{ps.tp, false, 0, false})
 	}
 	if e.parts[ps.tp] == ps {
 		delete(e.parts, ps.tp)

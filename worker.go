@@ -449,10 +449,7 @@ func (e *engine) complete(t *task) (next *task) {
 	}
 	if ps.paused && len(ps.held) <= e.cfg.windowRecords/2 {
 		ps.paused = false
-		e.cl.ResumeFetchPartitions(map[string][]int32{ps.topic: {ps.partition}})
-		for _, h := range e.hooks.resumed {
-			h.OnPartitionResumed(ps.topic, ps.partition, ps.win.Len())
-		}
+		e.toggleFetch(fetchToggle{ps.tp, false, ps.win.Len(), true})
 	}
 	return next
 }
