@@ -469,3 +469,36 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Fatalf("valid options rejected: %v", err)
 	}
 }
+
+// TestShutdownIsBoundedByShutdownTimeout runs a handler that ignores its
+// context: Run must return within ShutdownTimeout (plus scheduling slack),
+// not ShutdownTimeout for the drain, again for the workers and then
+// RevokeTimeout when leaving the group.
+func TestShutdownIsBoundedByShutdownTimeout(t *testing.T) {
+	c := newCluster(t, "bounded", 1)
+	produce(t, c, "bounded", 10, 10)
+	started := make(chan struct{})
+	unblock := make(chan struct{})
+	t.Cleanup(func() { close(unblock) }) // lets the stray handler go before goleak looks
+	var once sync.Once
+	h := HandlerFunc(func(context.Context, *kgo.Record) error {
+		once.Do(func() { close(started) })
+		<-unblock // ignores ctx
+		return nil
+	})
+	cons, err := New(h, append(testOpts(c, "bounded", "bounded"), ShutdownTimeout(time.Second), RevokeTimeout(10*time.Second))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, started, 10*time.Second, "the handler to start")
+	begin := time.Now()
+	err = stop()
+	took := time.Since(begin)
+	if !errors.Is(err, ErrShutdownTimeout) {
+		t.Fatalf("Run returned %v, want ErrShutdownTimeout", err)
+	}
+	if took > 3*time.Second {
+		t.Fatalf("Run took %v to return with ShutdownTimeout 1s", took)
+	}
+}

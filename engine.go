@@ -61,6 +61,9 @@ type engine struct {
 	// commitMu serialises commits from snapshot to response (commit.go). It
 	// is taken before mu, never while holding it.
 	commitMu sync.Mutex
+	// closing is set when shutdown begins: revokes from then on (leaving
+	// the group) do not wait for running records, the drain did.
+	closing atomic.Bool
 	// drained is closed when pending reaches 0 after draining began.
 	draining bool
 	drained  chan struct{}
@@ -193,7 +196,13 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	e.log.Info("kpar: stopping: draining buffered records", "timeout", e.cfg.shutdownTimeout)
 
-	drained := e.drain(e.cfg.shutdownTimeout)
+	// The whole shutdown fits in ShutdownTimeout: the drain gets it but a
+	// reserve, and the reserve covers the workers' exit, the final commit
+	// and leaving the group.
+	deadline := time.Now().Add(e.cfg.shutdownTimeout)
+	reserve := min(e.cfg.shutdownTimeout/5, 2*time.Second)
+	e.closing.Store(true)
+	drained := e.drain(time.Until(deadline.Add(-reserve)))
 	e.mu.Lock()
 	e.stop = true
 	for t, tm := range e.timers {
@@ -203,10 +212,17 @@ func (e *engine) run(ctx context.Context) error {
 	e.cond.Broadcast()
 	e.mu.Unlock()
 	if !drained {
-		e.log.Warn("kpar: shutdown timeout passed with records unfinished; cancelling handlers")
+		e.mu.Lock()
+		unfinished := e.pending
+		e.mu.Unlock()
+		e.log.Warn("kpar: shutdown timeout passed with records unfinished; cancelling handlers; they will be delivered again",
+			"unfinished", unfinished)
 		hardStop()
+		runErr = errors.Join(runErr, ErrShutdownTimeout)
 	}
-	if !waitTimeout(&workers, e.cfg.shutdownTimeout) {
+	// Handlers that ignore their cancelled context keep their workers;
+	// Run does not wait for them past the reserve's first half.
+	if !waitTimeout(&workers, max(time.Until(deadline.Add(-reserve/2)), time.Millisecond)) && drained {
 		runErr = errors.Join(runErr, ErrShutdownTimeout)
 	}
 	hardStop() // stops the exile writer, which may be retrying a failing sink
@@ -214,9 +230,13 @@ func (e *engine) run(ctx context.Context) error {
 
 	stopCommitter()
 	committer.Wait()
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.shutdownTimeout)
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	if err := e.commit(cctx, nil); err != nil {
 		e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", err)
+	}
+	// Leave the group within the budget too; Close then returns at once.
+	if err := cl.LeaveGroupContext(cctx); err != nil {
+		e.log.Warn("kpar: leaving the group timed out; the group waits for the session timeout before moving its partitions", "err", err)
 	}
 	cancel()
 	cl.Close()

@@ -13,11 +13,12 @@ var ErrRunning = errors.New("kpar: Consumer is already running; call Run once pe
 // ErrClosed is returned by Run after Close.
 var ErrClosed = errors.New("kpar: Consumer is closed; create a new one to consume again")
 
-// ErrShutdownTimeout is returned by Run when handlers were still running
-// when ShutdownTimeout passed, even after their contexts were cancelled.
-// Their records were not committed and will be delivered again; the
-// goroutines running them are left behind until the handlers return.
-var ErrShutdownTimeout = errors.New("kpar: handlers still running after the shutdown timeout; their records were not committed")
+// ErrShutdownTimeout is returned by Run when ShutdownTimeout passed with
+// records unfinished. Their handlers' contexts were cancelled; the records
+// were not committed and will be delivered again (the finished records
+// above them were, in the commit metadata). A handler that ignores its
+// context keeps its goroutine until it returns; Run does not wait for it.
+var ErrShutdownTimeout = errors.New("kpar: shutdown timeout passed with records unfinished; they were not committed and will be delivered again")
 
 // Permanent marks err as not worth retrying: the record goes straight to the
 // failure path (the dead-letter sink, once configured) without further

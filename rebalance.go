@@ -65,6 +65,9 @@ func (e *engine) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[strin
 	}
 	e.mu.Unlock()
 
+	if e.closing.Load() {
+		idle = nil // the shutdown drain waited for them already, within its bound
+	}
 	t := time.NewTimer(e.cfg.revokeTimeout)
 	defer t.Stop()
 wait:
