@@ -299,7 +299,7 @@ func TestCrashRedeliversOnlyUnfinishedRecord(t *testing.T) {
 			once.Do(func() { close(caughtUp) })
 		}
 	})
-	cons, err := New(h, append(testOpts(c, "crash", "crash"), WithOrdering(Partition), WithHooks(hook))...)
+	cons, err := New(h, append(testOpts(c, "crash", "crash"), WithOrdering(Unordered), WithHooks(hook))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,5 +500,36 @@ func TestShutdownIsBoundedByShutdownTimeout(t *testing.T) {
 	}
 	if took > 3*time.Second {
 		t.Fatalf("Run took %v to return with ShutdownTimeout 1s", took)
+	}
+}
+
+// TestMembersWithAnotherOrderingAreRefused starts a Key member, then an
+// Unordered one in the same group: the second must fail with
+// ErrOrderingMismatch instead of breaking per-key order.
+func TestMembersWithAnotherOrderingAreRefused(t *testing.T) {
+	c := newCluster(t, "mixed", 2)
+	produce(t, c, "mixed", 10, 10)
+	assigned := make(chan struct{})
+	var once sync.Once
+	first, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+		append(testOpts(c, "mixed", "mixed"), WithOrdering(Key), WithHooks(assignHook(func() { once.Do(func() { close(assigned) }) })))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, first)
+	waitFor(t, assigned, 10*time.Second, "the first member's assignment")
+
+	second, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+		append(testOpts(c, "mixed", "mixed"), WithOrdering(Unordered))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := second.Run(ctx); !errors.Is(err, ErrOrderingMismatch) {
+		t.Fatalf("second member's Run returned %v, want ErrOrderingMismatch", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -107,6 +107,9 @@ func (e *engine) clientOpts() []kgo.Opt {
 		// The client's buffered fetches are memory too: keep them within
 		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
 		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
+		// Members that order differently must not share a group: see
+		// orderedBalancer.
+		kgo.Balancers(orderedBalancer{kgo.CooperativeStickyBalancer(), e.cfg.ordering}),
 	}
 	return e.cfg.groupClientOpts(defaults, e.consumedTopics(),
 		kgo.OnPartitionsAssigned(e.onAssigned),

@@ -20,6 +20,15 @@ var ErrClosed = errors.New("kpar: Consumer is closed; create a new one to consum
 // context keeps its goroutine until it returns; Run does not wait for it.
 var ErrShutdownTimeout = errors.New("kpar: shutdown timeout passed with records unfinished; they were not committed and will be delivered again")
 
+// ErrOrderingMismatch is returned by Run when the group's other members use
+// another ordering mode, or are not kpar consumers: members that order
+// differently would break per-key (or per-partition) order on the
+// partitions they get. Use one Ordering for every member of a group; to
+// change it, stop every member first (a rolling restart is refused while
+// members of the old mode remain, crashed ones until their session times
+// out).
+var ErrOrderingMismatch = errors.New("kpar: the group's members use another ordering mode (or are not kpar consumers): use one ordering for every member of a group")
+
 // Permanent marks err as not worth retrying: the record goes straight to the
 // failure path (the dead-letter sink, once configured) without further
 // attempts. Permanent(nil) returns nil.

@@ -119,6 +119,10 @@ type partState struct {
 	// running (push). Sorted; consumed from the front as records arrive.
 	skip    []offsetmeta.Run
 	skipped int // records finished from skip in this assignment
+	// resumeAt is the committed offset read at assignment (-1 for none
+	// or unread); the first fetched record is checked against it once, to
+	// report an offset reset.
+	resumeAt int64
 
 	// Stuck detection, sampled by the watchdog.
 	stuckOffset   int64

@@ -36,7 +36,8 @@ func isFatal(err error) bool {
 		errors.Is(err, kerr.GroupAuthorizationFailed) ||
 		errors.Is(err, kerr.ClusterAuthorizationFailed) ||
 		errors.Is(err, kerr.IllegalSaslState) ||
-		errors.Is(err, kerr.UnsupportedSaslMechanism)
+		errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.InconsistentGroupProtocol)
 }
 
 // waitForBytes waits until buffered bytes are below MaxBufferedBytes. It
@@ -100,6 +101,22 @@ func (e *engine) admit(fs kgo.Fetches) {
 		}
 		for len(recs) > 0 && recs[0].Offset <= last {
 			recs = recs[1:]
+		}
+		if ps.committed < 0 && len(recs) > 0 {
+			// Commit the first window start even before anything
+			// finishes: a crash then resumes here, not wherever
+			// ConsumeResetOffset points.
+			e.askCommit()
+		}
+		if ps.resumeAt >= 0 && len(recs) > 0 {
+			if first := recs[0].Offset; first < ps.resumeAt {
+				// The committed offset was out of range (beyond the log
+				// after a topic was recreated, or below its start after
+				// retention) and the client reset to ConsumeResetOffset.
+				e.log.Warn("kpar: committed offset out of range; consuming from the reset offset instead",
+					"topic", ps.topic, "partition", ps.partition, "committed", ps.resumeAt, "reset_to", first)
+			}
+			ps.resumeAt = -1
 		}
 		for _, r := range recs {
 			size := recordSize(r)
@@ -168,6 +185,10 @@ func fatalFetchError(fs kgo.Fetches, log *slog.Logger, who string, attrs ...any)
 	fs.EachError(func(topic string, partition int32, err error) {
 		switch {
 		case errors.Is(err, context.Canceled):
+		case errors.Is(err, kerr.InconsistentGroupProtocol):
+			if fatal == nil {
+				fatal = fmt.Errorf("%w (%v)", ErrOrderingMismatch, err)
+			}
 		case isFatal(err):
 			if fatal == nil {
 				fatal = fmt.Errorf("kpar: %sfatal error from the client (topic %q, partition %d): %w", who, topic, partition, err)

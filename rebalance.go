@@ -15,7 +15,7 @@ import (
 // before it fetches their committed offsets and starts fetching records, so
 // the finished sets read here are in place before the first record.
 func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	finished := e.readFinished(ctx, cl, assigned)
+	committed, finished := e.readCommitted(ctx, cl, assigned)
 	e.mu.Lock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
@@ -30,6 +30,10 @@ func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 				committed: -1,
 				metaLimit: e.cfg.commitMetadataBytes,
 				skip:      finished[k],
+				resumeAt:  -1,
+			}
+			if at, ok := committed[k]; ok {
+				e.parts[k].resumeAt = at
 			}
 		}
 	}
@@ -110,7 +114,10 @@ func (e *engine) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 		}
 	}
 	e.mu.Unlock()
-	e.log.Warn("kpar: partitions lost", "lost", lost)
+	if len(lost) == 0 {
+		return // kgo reports an empty loss on every group error while the brokers are down
+	}
+	e.log.Warn("kpar: partitions lost: dropped without a commit; their new owner handles their unfinished records", "lost", lost)
 	for _, h := range e.hooks.revoked {
 		h.OnPartitionsRevoked(lost, true)
 	}
@@ -142,15 +149,12 @@ func (e *engine) dropLocked(ps *partState) {
 	e.budgetFreed()
 }
 
-// readFinished reads the committed offsets of the assigned partitions with
+// readCommitted reads the committed offsets of the assigned partitions with
 // their metadata and decodes the finished sets kpar stored there. Anything
 // it cannot read or decode (a failed request, metadata of another client,
 // a future version) means nothing is skipped: those records are handled
 // again, never lost.
-func (e *engine) readFinished(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) map[tp][]offsetmeta.Run {
-	if e.cfg.commitMetadataBytes == 0 {
-		return nil
-	}
+func (e *engine) readCommitted(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (map[tp]int64, map[tp][]offsetmeta.Run) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resps, err := kadm.NewClient(cl).FetchOffsets(ctx, e.cfg.group)
@@ -159,13 +163,18 @@ func (e *engine) readFinished(ctx context.Context, cl *kgo.Client, assigned map[
 	}
 	if err != nil {
 		e.log.Warn("kpar: reading the finished offsets of the last commit failed; records finished above the committed offsets will be handled again", "err", err)
-		return nil
+		return nil, nil
 	}
+	at := make(map[tp]int64)
 	out := make(map[tp][]offsetmeta.Run)
 	for topic, parts := range assigned {
 		for _, p := range parts {
 			r, ok := resps.Lookup(topic, p)
-			if !ok || r.At < 0 || r.Metadata == "" {
+			if !ok || r.At < 0 {
+				continue
+			}
+			at[tp{topic, p}] = r.At
+			if r.Metadata == "" || e.cfg.commitMetadataBytes == 0 {
 				continue
 			}
 			runs, err := offsetmeta.Decode(r.Metadata, r.At)
@@ -179,5 +188,21 @@ func (e *engine) readFinished(ctx context.Context, cl *kgo.Client, assigned map[
 			out[tp{topic, p}] = runs
 		}
 	}
-	return out
+	return at, out
+}
+
+// orderedBalancer is the cooperative-sticky balancer under a protocol name
+// that carries the ordering mode ("kpar-key-cooperative-sticky"). A group
+// only admits members that share a protocol name, so a member started with
+// another ordering (which would silently break per-key order on the
+// partitions it gets) is refused with INCONSISTENT_GROUP_PROTOCOL, and Run
+// returns ErrOrderingMismatch. The price: a kpar group cannot be shared
+// with plain consumers; set kgo.Balancers in ClientOptions to opt out.
+type orderedBalancer struct {
+	kgo.GroupBalancer
+	ordering Ordering
+}
+
+func (b orderedBalancer) ProtocolName() string {
+	return "kpar-" + b.ordering.String() + "-" + b.GroupBalancer.ProtocolName()
 }

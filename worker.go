@@ -37,6 +37,10 @@ type stash struct {
 
 	started atomic.Uint64 // records this worker started; written by the worker
 	seen    uint64        // started at the stealer's last look; owned by the stealer
+
+	// The record running now and its attempt number, for stuck reports.
+	current        atomic.Pointer[task]
+	currentAttempt atomic.Int32
 }
 
 func (s *stash) pop() *task {
@@ -188,6 +192,8 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 		ran++
 		st.started.Add(1)
 		e.dispatched(t, now)
+		st.current.Store(t)
+		st.currentAttempt.Store(int32(t.Value.attempts))
 		actx := shared
 		if actx == nil {
 			actx = &attemptCtx{Context: ctx, deadline: now.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
@@ -220,6 +226,7 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 			}
 		}
 	}
+	st.current.Store(nil)
 	if !locked {
 		e.mu.Lock()
 	}
