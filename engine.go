@@ -530,11 +530,11 @@ func (e *engine) schedule(t *task) {
 		return
 	}
 	switch e.cfg.ordering {
-	case Partition:
+	case ByPartition:
 		if !ps.lanes.Admit(t, 0) {
 			return
 		}
-	case Key:
+	case ByKey:
 		if k := t.Value.rec.Key; k != nil && !ps.lanes.Admit(t, maphash.Bytes(e.seed, k)) {
 			return
 		}
@@ -750,8 +750,8 @@ func (e *engine) fillBatch(batch []*task, first *task) []*task {
 	return batch
 }
 
-func isLaned(o Ordering, t *task) bool {
-	return t.Value.x == nil && (o == Partition || (o == Key && t.Value.rec.Key != nil))
+func isLaned(o Order, t *task) bool {
+	return t.Value.x == nil && (o == ByPartition || (o == ByKey && t.Value.rec.Key != nil))
 }
 
 func (e *engine) dispatched(t *task, now time.Time) {

@@ -46,7 +46,7 @@ func Example() {
 		kpar.Group("billing"),
 		kpar.Topics("orders"),
 		kpar.Concurrency(16),
-		kpar.WithOrdering(kpar.Key),
+		kpar.Ordering(kpar.ByKey),
 	)
 	if err != nil {
 		log.Fatal(err)

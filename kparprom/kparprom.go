@@ -290,7 +290,7 @@ func (m *Metrics) OnRecordStuck(topic string, partition int32, offset int64, _ i
 }
 
 // OnDeadLettered implements kpar.HookDeadLettered.
-func (m *Metrics) OnDeadLettered(l deadletter.DeadLetter) {
+func (m *Metrics) OnDeadLettered(l deadletter.Letter) {
 	if l.Record == nil {
 		return
 	}

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kpar/kpar"
-	"github.com/kpar/kpar/internal/embedded"
+	"github.com/kpar/kpar/cmd/kpar/internal/embedded"
 )
 
 // demoTopic and demoGroup name what the demo creates on its own broker.
@@ -72,7 +72,8 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 	partitions := fs.Int("partitions", 8, "partitions of the demo topic")
 	keys := fs.Int("keys", 1000, "distinct record keys")
 	concurrency := fs.Int("concurrency", 256, "records handled at once (the library's default is 64; the simulated handler mostly waits, so the demo uses more and its default run takes seconds)")
-	ordering := fs.String("ordering", "key", "what runs in order: `key` (per key and partition), partition, or unordered")
+	var ord kpar.Order
+	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order: `key` (per key and partition), partition, or unordered")
 	maxLatency := fs.Duration("max-latency", 5*time.Millisecond, "longest simulated handling; each attempt waits a uniformly random time from 0 to this")
 	failRate := fs.Float64("fail-rate", 0, "fraction of attempts that fail and are retried, from 0 to below 1")
 	jsonOut := fs.Bool("json", false, "print the summary as one JSON object with the keys produced, handled, duplicates, lost, order_violations and seconds")
@@ -81,10 +82,6 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 	}
 	if fs.NArg() > 0 {
 		return fs.usageError("unexpected argument %q", fs.Arg(0))
-	}
-	ord, err := kpar.ParseOrdering(*ordering)
-	if err != nil {
-		return fs.usageError("invalid --ordering %q: use key, partition or unordered", *ordering)
 	}
 	switch {
 	case *records < 1 || *records > 10_000_000:
@@ -134,7 +131,7 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 // demo is one run of `kpar demo`.
 type demo struct {
 	records, partitions, keys, concurrency int
-	ordering                               kpar.Ordering
+	ordering                               kpar.Order
 	maxLatency                             time.Duration
 	failRate                               float64
 
@@ -194,7 +191,7 @@ func (d *demo) run(ctx context.Context, stderr io.Writer) (*demoSummary, error) 
 		kpar.Group(demoGroup),
 		kpar.Topics(demoTopic),
 		kpar.Concurrency(d.concurrency),
-		kpar.WithOrdering(d.ordering),
+		kpar.Ordering(d.ordering),
 		// Short backoffs, so that --fail-rate shows retries without
 		// stalling a key for seconds.
 		kpar.RetryBackoff(5*time.Millisecond, 250*time.Millisecond),

@@ -408,7 +408,7 @@ func TestForwardDeliversOrDeadLetters(t *testing.T) {
 	}
 	checkKeyOrder(t, ep.first)
 
-	byIndex := make(map[int]deadletter.DeadLetter)
+	byIndex := make(map[int]deadletter.Letter)
 	for _, r := range dlq {
 		l := deadletter.FromRecord(r)
 		i, err := strconv.Atoi(string(l.Record.Value))
