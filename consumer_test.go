@@ -433,7 +433,6 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"negative concurrency", append(base, Concurrency(-3)), "Concurrency(-3)"},
 		{"unknown ordering", append(base, Ordering(Order(9))), "Ordering(9)"},
 		{"tiny window", append(base, WindowRecords(2)), "WindowRecords(2) out of range"},
-		{"window below batch", append(base, BatchSize(500), WindowRecords(100)), "smaller than BatchSize(500)"},
 		{"tiny byte budget", append(base, MaxBufferedBytes(10)), "MaxBufferedBytes(10)"},
 		{"zero commit interval", append(base, CommitInterval(0)), "CommitInterval(0s)"},
 		{"zero shutdown timeout", append(base, ShutdownTimeout(0)), "ShutdownTimeout(0s)"},
@@ -463,6 +462,13 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}
 	if _, err := New(h, append(base, ClientOptions(kgo.ClientID("x")))...); err != nil {
 		t.Fatalf("valid options rejected: %v", err)
+	}
+	bh := BatchHandlerFunc(func(context.Context, []*kgo.Record) error { return nil })
+	if _, err := NewBatch(bh, append(base, BatchSize(500), WindowRecords(100))...); err == nil || !strings.Contains(err.Error(), "smaller than BatchSize(500)") {
+		t.Fatalf("NewBatch with a window below the batch: %v", err)
+	}
+	if _, err := New(h, append(base, WindowRecords(50))...); err != nil {
+		t.Fatalf("New with a window below the (NewBatch-only) default batch size: %v", err)
 	}
 	if _, err := New(h, append(base, StuckAfter(0))...); err != nil {
 		t.Fatalf("StuckAfter(0), the default, rejected: %v", err)
