@@ -36,7 +36,7 @@ type attemptCtx struct {
 	mu     sync.Mutex
 	done   chan struct{}
 	err    error
-	afters []*afterFunc // registered by AfterFunc and not stopped; run by cancel
+	afters []*afterFunc  // registered by AfterFunc and not stopped; run by cancel
 	first  [1]*afterFunc // afters' first backing array: most handlers derive one context
 }
 
