@@ -8,7 +8,7 @@
 //		kpar.WithHooks(m),                      // records, commits, rebalances
 //		kpar.ClientOptions(m.ClientOpts()...),  // client metrics, lag, readiness
 //		...)
-//	m.Registry().MustRegister(m.PartitionCollector(c.Partitions))
+//	m.Registry().MustRegister(m.PartitionCollector(c.Partitions), m.OverdueCollector(c.Overdue))
 //	http.Handle("/metrics", m.Handler())
 //
 // Counters and the latency histogram are updated by the hooks as records

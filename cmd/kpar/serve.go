@@ -56,13 +56,7 @@ func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom
 	reg := prometheus.NewRegistry()
 	cs := append([]prometheus.Collector{
 		m.PartitionCollector(c.Partitions),
-		// Handlers that ignore their context keep their worker past
-		// AttemptTimeout; kpar does not replace them, so show how many.
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: "kpar",
-			Name:      "attempts_overdue",
-			Help:      "Handler attempts running past AttemptTimeout at the last check (their workers are busy).",
-		}, func() float64 { return float64(c.Overdue()) }),
+		m.OverdueCollector(c.Overdue),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}, extra...)
