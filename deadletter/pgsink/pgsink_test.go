@@ -17,7 +17,7 @@ func TestPostgresSinkUnreachable(t *testing.T) {
 	dsn := "postgres://kpar@" + closedPort(t) + "/postgres?sslmode=disable&connect_timeout=5"
 	s, err := Open(ctx, dsn)
 	if err != nil {
-		t.Fatalf("OpenPostgresSink with the server down: %v", err)
+		t.Fatalf("Open with the server down: %v", err)
 	}
 	defer s.Close()
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
