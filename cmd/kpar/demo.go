@@ -16,6 +16,7 @@ import (
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/cmd/kpar/internal/embedded"
+	"github.com/kpar/kpar/internal/ledger"
 )
 
 // demoTopic and demoGroup name what the demo creates on its own broker.
@@ -100,7 +101,7 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 		ordering:    ord,
 		maxLatency:  *maxLatency,
 		failRate:    *failRate,
-		ledger:      newLedger(*records, *keys),
+		ledger:      ledger.New(ledger.ByKey, int64(*records)), // key order, in every mode: unordered shows what it costs
 		commits:     &commitTracker{topic: demoTopic, offsets: map[int32]int64{}},
 	}
 	sum, err := d.run(ctx, stderr)
@@ -129,7 +130,7 @@ type demo struct {
 	maxLatency                             time.Duration
 	failRate                               float64
 
-	ledger   *ledger
+	ledger   *ledger.Ledger
 	commits  *commitTracker
 	produced atomic.Int64 // records the broker acknowledged
 	failures atomic.Int64 // simulated failed attempts
@@ -219,7 +220,7 @@ loop:
 		select {
 		case <-ticker.C:
 			view.draw(d.progress(start, consumer.Partitions()))
-		case <-d.ledger.all:
+		case <-d.ledger.AllHandled():
 			finished = true
 			break loop
 		case <-ctx.Done():
@@ -266,7 +267,8 @@ loop:
 	elapsed := time.Since(start)
 	view.finish(d.progress(start, nil))
 
-	handled, duplicates, violations := d.ledger.counts()
+	rep := d.ledger.Report()
+	handled, duplicates, violations := rep.Handled, rep.Duplicates, rep.OrderViolations
 	sum := &demoSummary{
 		Produced:        d.produced.Load(),
 		Handled:         handled,
@@ -299,6 +301,6 @@ func (d *demo) handle(ctx context.Context, r *kgo.Record) error {
 		d.failures.Add(1)
 		return errSimulated
 	}
-	d.ledger.handled(r.Value)
+	d.ledger.Handled(r)
 	return nil
 }

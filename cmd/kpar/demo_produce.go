@@ -18,7 +18,7 @@ func (d *demo) produce(ctx context.Context, cl *kgo.Client) error {
 			Key:   []byte("key-" + strconv.Itoa(key)),
 			Value: fmt.Appendf(nil, "key=%d seq=%d", key, seq),
 		}
-		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, r, func(r *kgo.Record, err error) {
 			if err != nil {
 				select {
 				case failed <- err:
@@ -26,6 +26,7 @@ func (d *demo) produce(ctx context.Context, cl *kgo.Client) error {
 				}
 				return
 			}
+			d.ledger.Produced(r)
 			d.produced.Add(1)
 		})
 		select {

@@ -36,7 +36,8 @@ func (d *demo) progress(start time.Time, parts []kpar.PartitionStats) demoProgre
 		committed: d.commits.total(),
 		parts:     parts,
 	}
-	p.handled, p.duplicates, p.violations = d.ledger.counts()
+	rep := d.ledger.Report()
+	p.handled, p.duplicates, p.violations = rep.Handled, rep.Duplicates, rep.OrderViolations
 	for _, s := range parts {
 		p.inFlight += s.InFlight
 	}
