@@ -91,7 +91,7 @@ func TestCommitMetadataFallsBackWhenTooLarge(t *testing.T) {
 		return nil
 	})
 	hook, commits := commitSignal()
-	cons, err := New(h, append(testOpts(c, "meta", "meta"), WithOrdering(Unordered), WithHooks(hook))...)
+	cons, err := New(h, append(testOpts(c, "meta", "meta"), Ordering(Unordered), WithHooks(hook))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 // fast handlers run: a worker that took the slow record in a batch of
 // fast ones must not sit on the others (they go back to the ready queue).
 func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
-	for _, o := range []Ordering{Key, Unordered} {
+	for _, o := range []Order{ByKey, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {
 			c := newCluster(t, "slow", 1)
 			const n = 900               // below WindowRecords: the blocked record holds the window start
@@ -170,7 +170,7 @@ func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 				l.success(r)
 				return nil
 			})
-			cons, err := New(h, append(testOpts(c, "slow", "slow"), WithOrdering(o), Concurrency(8))...)
+			cons, err := New(h, append(testOpts(c, "slow", "slow"), Ordering(o), Concurrency(8))...)
 			if err != nil {
 				t.Fatal(err)
 			}

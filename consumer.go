@@ -59,21 +59,19 @@ type Consumer struct {
 
 // New returns a Consumer that hands each record to h. It validates the
 // options and starts nothing: Run connects.
-func New(h Handler, opts ...Opt) (*Consumer, error) {
+func New(h Handler, opts ...ConsumerOpt) (*Consumer, error) {
 	return newConsumer(h, nil, opts)
 }
 
 // NewBatch returns a Consumer that hands records to h in batches of up to
 // BatchSize (default 100) records.
-func NewBatch(h BatchHandler, opts ...Opt) (*Consumer, error) {
+func NewBatch(h BatchHandler, opts ...ConsumerOpt) (*Consumer, error) {
 	return newConsumer(nil, h, opts)
 }
 
-func newConsumer(h Handler, bh BatchHandler, opts []Opt) (*Consumer, error) {
+func newConsumer(h Handler, bh BatchHandler, opts []ConsumerOpt) (*Consumer, error) {
 	c := defaultCfg()
-	if bh != nil {
-		c.batch, c.batchSize = true, 100
-	}
+	c.batch = bh != nil
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)

@@ -66,7 +66,7 @@ func TestNoLossWithFailuresAndPanics(t *testing.T) {
 // TestOrderingModes is one behavioural suite over every ordering mode: no
 // loss, and the order each mode promises.
 func TestOrderingModes(t *testing.T) {
-	for _, mode := range []Ordering{Key, Partition, Unordered} {
+	for _, mode := range []Order{ByKey, ByPartition, Unordered} {
 		t.Run(mode.String(), func(t *testing.T) {
 			const n, parts, keys = 5000, 8, 100
 			c := newCluster(t, "events", parts)
@@ -89,11 +89,11 @@ func TestOrderingModes(t *testing.T) {
 				time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 				v := decodeValue(r.Value)
 				mu.Lock()
-				if mode == Key && v.seq != nextSeq[v.key] {
+				if mode == ByKey && v.seq != nextSeq[v.key] {
 					violations = append(violations, fmt.Sprintf("key %d: got seq %d, want %d", v.key, v.seq, nextSeq[v.key]))
 				}
 				nextSeq[v.key] = v.seq + 1
-				if last, ok := lastOffset[r.Partition]; mode == Partition && ok && r.Offset != last+1 {
+				if last, ok := lastOffset[r.Partition]; mode == ByPartition && ok && r.Offset != last+1 {
 					violations = append(violations, fmt.Sprintf("partition %d: offset %d after %d", r.Partition, r.Offset, last))
 				}
 				lastOffset[r.Partition] = r.Offset
@@ -101,7 +101,7 @@ func TestOrderingModes(t *testing.T) {
 				led.success(r)
 				return nil
 			})
-			cons, err := New(h, append(testOpts(c, "g", "events"), WithOrdering(mode), Concurrency(32))...)
+			cons, err := New(h, append(testOpts(c, "g", "events"), Ordering(mode), Concurrency(32))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -159,7 +159,7 @@ func TestBackPressurePausesAndResumes(t *testing.T) {
 		led.success(r)
 		return nil
 	})
-	cons, err := New(h, append(testOpts(c, "g", "slow"), WithOrdering(Unordered), Concurrency(8),
+	cons, err := New(h, append(testOpts(c, "g", "slow"), Ordering(Unordered), Concurrency(8),
 		WindowRecords(window), WithHooks(hook))...)
 	if err != nil {
 		t.Fatal(err)
@@ -299,7 +299,7 @@ func TestCrashRedeliversOnlyUnfinishedRecord(t *testing.T) {
 			once.Do(func() { close(caughtUp) })
 		}
 	})
-	cons, err := New(h, append(testOpts(c, "crash", "crash"), WithOrdering(Unordered), WithHooks(hook))...)
+	cons, err := New(h, append(testOpts(c, "crash", "crash"), Ordering(Unordered), WithHooks(hook))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func crashChild() {
 	})
 	cons, err := New(h,
 		Brokers(brokers...), Group("crash"), Topics("crash"),
-		WithOrdering(Unordered), CommitInterval(20*time.Millisecond), WithHooks(hook),
+		Ordering(Unordered), CommitInterval(20*time.Millisecond), WithHooks(hook),
 		WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		ClientOptions(kgo.SessionTimeout(2*time.Second), kgo.HeartbeatInterval(100*time.Millisecond)),
 	)
@@ -425,20 +425,19 @@ func TestBatchHandlerGetsOnePartitionInOrder(t *testing.T) {
 
 func TestNewRejectsBadOptions(t *testing.T) {
 	h := HandlerFunc(func(context.Context, *kgo.Record) error { return nil })
-	base := []Opt{Brokers("127.0.0.1:9092"), Group("g"), Topics("t")}
+	base := []ConsumerOpt{Brokers("127.0.0.1:9092"), Group("g"), Topics("t")}
 	cases := []struct {
 		name string
-		opts []Opt
+		opts []ConsumerOpt
 		want string
 	}{
-		{"no brokers", []Opt{Group("g"), Topics("t")}, "no brokers"},
-		{"no group", []Opt{Brokers("127.0.0.1:9092"), Topics("t")}, "no group"},
-		{"no topics", []Opt{Brokers("127.0.0.1:9092"), Group("g")}, "no topics"},
+		{"no brokers", []ConsumerOpt{Group("g"), Topics("t")}, "no brokers"},
+		{"no group", []ConsumerOpt{Brokers("127.0.0.1:9092"), Topics("t")}, "no group"},
+		{"no topics", []ConsumerOpt{Brokers("127.0.0.1:9092"), Group("g")}, "no topics"},
 		{"zero concurrency", append(base, Concurrency(0)), "Concurrency(0) out of range: want 1 to 65536"},
 		{"negative concurrency", append(base, Concurrency(-3)), "Concurrency(-3)"},
-		{"unknown ordering", append(base, WithOrdering(Ordering(9))), "WithOrdering(9)"},
+		{"unknown ordering", append(base, Ordering(Order(9))), "Ordering(9)"},
 		{"tiny window", append(base, WindowRecords(2)), "WindowRecords(2) out of range"},
-		{"window below batch", append(base, BatchSize(500), WindowRecords(100)), "smaller than BatchSize(500)"},
 		{"tiny byte budget", append(base, MaxBufferedBytes(10)), "MaxBufferedBytes(10)"},
 		{"zero commit interval", append(base, CommitInterval(0)), "CommitInterval(0s)"},
 		{"zero shutdown timeout", append(base, ShutdownTimeout(0)), "ShutdownTimeout(0s)"},
@@ -446,6 +445,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"backoff max below base", append(base, RetryBackoff(time.Second, time.Millisecond)), "RetryBackoff(1s, 1ms)"},
 		{"zero attempts", append(base, MaxAttempts(0)), "MaxAttempts(0)"},
 		{"zero attempt timeout", append(base, AttemptTimeout(0)), "AttemptTimeout(0s)"},
+		{"negative stuck after", append(base, StuckAfter(-time.Second)), "StuckAfter(-1s) out of range: want 0"},
 		{"bad retry topic delay", append(base, RetryTopics(time.Second, 0)), "RetryTopics delay 2"},
 		{"bad regex", append(base, TopicRegex(), Topics("(")), "TopicRegex"},
 		{"nil logger", append(base, WithLogger(nil)), "WithLogger(nil)"},
@@ -467,6 +467,52 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}
 	if _, err := New(h, append(base, ClientOptions(kgo.ClientID("x")))...); err != nil {
 		t.Fatalf("valid options rejected: %v", err)
+	}
+	bh := BatchHandlerFunc(func(context.Context, []*kgo.Record) error { return nil })
+	if _, err := NewBatch(bh, append(base, BatchSize(500), WindowRecords(100))...); err == nil || !strings.Contains(err.Error(), "smaller than BatchSize(500)") {
+		t.Fatalf("NewBatch with a window below the batch: %v", err)
+	}
+	if _, err := New(h, append(base, WindowRecords(50))...); err != nil {
+		t.Fatalf("New with a window below the (NewBatch-only) default batch size: %v", err)
+	}
+	if _, err := New(h, append(base, StuckAfter(0))...); err != nil {
+		t.Fatalf("StuckAfter(0), the default, rejected: %v", err)
+	}
+}
+
+// TestOptionKinds: RunMembers takes GroupOpt, so the engine's own options
+// do not compile there; the options valid everywhere are Opt.
+func TestOptionKinds(t *testing.T) {
+	for name, o := range map[string]ConsumerOpt{"Concurrency": Concurrency(1), "Ordering": Ordering(ByKey),
+		"BatchSize": BatchSize(1), "WindowRecords": WindowRecords(8), "CommitInterval": CommitInterval(time.Second),
+		"MaxAttempts": MaxAttempts(1), "DeadLetters": DeadLetters(nil), "RetryTopics": RetryTopics()} {
+		if _, ok := o.(GroupOpt); ok {
+			t.Errorf("%s is a GroupOpt: RunMembers would accept and ignore it", name)
+		}
+	}
+	var _ Opt = Brokers()
+	var _ Opt = WithLogger(nil)
+	var _ Opt = RetryBackoff(1, 1)
+}
+
+// TestOrderText: Order round-trips through its text form, for flag.TextVar.
+func TestOrderText(t *testing.T) {
+	for _, o := range []Order{ByKey, ByPartition, Unordered} {
+		b, err := o.MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got Order
+		if err := got.UnmarshalText(b); err != nil || got != o || o.String() != string(b) {
+			t.Fatalf("%v: text %q, back %v, %v", o, b, got, err)
+		}
+	}
+	var o Order
+	if err := o.UnmarshalText([]byte("Key")); err == nil {
+		t.Fatal(`UnmarshalText("Key") accepted`)
+	}
+	if _, err := Order(9).MarshalText(); err == nil || Order(9).String() != "Order(9)" {
+		t.Fatalf("Order(9): %v, %q", err, Order(9).String())
 	}
 }
 
@@ -512,7 +558,7 @@ func TestMembersWithAnotherOrderingAreRefused(t *testing.T) {
 	assigned := make(chan struct{})
 	var once sync.Once
 	first, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
-		append(testOpts(c, "mixed", "mixed"), WithOrdering(Key), WithHooks(assignHook(func() { once.Do(func() { close(assigned) }) })))...)
+		append(testOpts(c, "mixed", "mixed"), Ordering(ByKey), WithHooks(assignHook(func() { once.Do(func() { close(assigned) }) })))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +566,7 @@ func TestMembersWithAnotherOrderingAreRefused(t *testing.T) {
 	waitFor(t, assigned, 10*time.Second, "the first member's assignment")
 
 	second, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
-		append(testOpts(c, "mixed", "mixed"), WithOrdering(Unordered))...)
+		append(testOpts(c, "mixed", "mixed"), Ordering(Unordered))...)
 	if err != nil {
 		t.Fatal(err)
 	}

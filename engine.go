@@ -125,7 +125,7 @@ func (e *engine) clientOpts() []kgo.Opt {
 func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.Opt) []kgo.Opt {
 	opts := append([]kgo.Opt{
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.WithLogger(kgoLogger{c.logger}),
+		kgo.WithLogger(kgoLogger{L: c.logger}),
 	}, defaults...)
 	opts = append(opts, c.clientOpts...)
 	if len(c.brokers) > 0 {

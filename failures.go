@@ -160,7 +160,7 @@ func (e *engine) sinkBackoff(attempt int) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }
 
-func (e *engine) letter(t *task) deadletter.DeadLetter {
+func (e *engine) letter(t *task) deadletter.Letter {
 	it := &t.Value
 	x := it.ext()
 	msg := ""
@@ -171,7 +171,7 @@ func (e *engine) letter(t *task) deadletter.DeadLetter {
 			msg += "\n" + string(pe.Stack)
 		}
 	}
-	return deadletter.DeadLetter{
+	return deadletter.Letter{
 		Record:       it.original(),
 		Group:        e.cfg.group,
 		Class:        x.class,
@@ -186,7 +186,7 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 	if len(ts) == 0 {
 		return nil
 	}
-	letters := make([]deadletter.DeadLetter, len(ts))
+	letters := make([]deadletter.Letter, len(ts))
 	for i, t := range ts {
 		letters[i] = e.letter(t)
 	}

@@ -40,12 +40,12 @@ func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 
 // testOpts are the options every test consumer shares: fast heartbeats
 // and commits, short timeouts.
-func testOpts(c *kfake.Cluster, group, topic string) []Opt {
+func testOpts(c *kfake.Cluster, group, topic string) []ConsumerOpt {
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("KPAR_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	return []Opt{
+	return []ConsumerOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
 		Group(group),

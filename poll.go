@@ -171,7 +171,10 @@ func (e *engine) push(ps *partState, recs []*kgo.Record, slab []task) {
 		t := &slab[i]
 		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
 		if ps.level > 0 {
-			decodeRetry(&t.Value, ps.level)
+			if err := decodeRetry(&t.Value, ps.level); err != nil {
+				e.log.Warn("kpar: retry-topic record with bad kpar headers; handling it now as it is",
+					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			}
 		}
 		e.schedule(t)
 	}

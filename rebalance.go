@@ -200,7 +200,7 @@ func (e *engine) readCommitted(ctx context.Context, cl *kgo.Client, assigned map
 // with plain consumers; set kgo.Balancers in ClientOptions to opt out.
 type orderedBalancer struct {
 	kgo.GroupBalancer
-	ordering Ordering
+	ordering Order
 }
 
 func (b orderedBalancer) ProtocolName() string {

@@ -12,11 +12,11 @@ func (e *engine) schedule(t *task) {
 		return
 	}
 	switch e.cfg.ordering {
-	case Partition:
+	case ByPartition:
 		if !ps.lanes.Admit(t, 0) {
 			return
 		}
-	case Key:
+	case ByKey:
 		if k := t.Value.rec.Key; k != nil && !ps.lanes.Admit(t, maphash.Bytes(e.seed, k)) {
 			return
 		}

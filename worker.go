@@ -333,8 +333,8 @@ func (e *engine) fillBatch(batch []*task, first *task) []*task {
 	return batch
 }
 
-func isLaned(o Ordering, t *task) bool {
-	return t.Value.x == nil && (o == Partition || (o == Key && t.Value.rec.Key != nil))
+func isLaned(o Order, t *task) bool {
+	return t.Value.x == nil && (o == ByPartition || (o == ByKey && t.Value.rec.Key != nil))
 }
 
 func (e *engine) dispatched(t *task, now time.Time) {
