@@ -280,6 +280,11 @@ loop:
 		lost := sum.Produced - handled
 		sum.Lost = &lost
 	}
+	if ctx.Err() != nil && errors.Is(runErr, kpar.ErrShutdownTimeout) {
+		// Interrupted with a backlog: the summary says what was handled,
+		// and the rest is simply left for the next run.
+		runErr = nil
+	}
 	if runErr != nil {
 		runErr = fmt.Errorf("consuming: %w", runErr)
 	}

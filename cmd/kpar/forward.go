@@ -212,7 +212,14 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	})
 	defer stopLog()
 
-	if err := c.Run(ctx); err != nil {
+	err = c.Run(ctx)
+	if errors.Is(err, kpar.ErrShutdownTimeout) && ctx.Err() != nil {
+		// A requested stop that could not finish everything in time:
+		// nothing is lost, the rest is delivered again after a restart.
+		log.Warn("kpar forward stopped: --shutdown-timeout passed with records unfinished; offsets committed below them, they will be delivered again")
+		return 0
+	}
+	if err != nil {
 		if why := sec.explainConnectError(err); why != nil {
 			err = why
 		}
