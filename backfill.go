@@ -135,8 +135,8 @@ const maxReaders = 256
 // comes first: offsets that do not exist (compacted records, transaction
 // markers) are never waited for. Records of all readers go to one pool of
 // Concurrency workers and are handled in any order: a backfill is unordered,
-// within a key too. Each slice's readers stop fetching while WindowRecords
-// of its records are unfinished.
+// within a key too. A slice's reader waits while its window is full:
+// WindowRecords records from the slice's first unfinished one on.
 //
 // Failures follow the engine's rules: MaxAttempts, RetryBackoff,
 // AttemptTimeout and Permanent as for a Consumer, then the DeadLetters sink;
@@ -428,7 +428,7 @@ type bfSlice struct {
 	progress.Slice // Done is the progress as of the start; see doneLocked
 
 	win      *window.Window // records pushed by the reader, finished or not
-	room     chan struct{}  // a token per unfinished record: WindowRecords
+	roomWake chan struct{}  // nudges the reader when the window's start moved
 	readDone bool           // the reader reached the slice's end
 	complete bool           // readDone and every pushed record finished
 }
@@ -503,7 +503,7 @@ func newBackfill(c *cfg, h Handler, topic, file string, state *progress.State) *
 	b.cond.L = &b.mu
 	for _, s := range state.Slices {
 		b.alreadyDone += s.Done - s.From
-		sl := &bfSlice{Slice: s, win: window.New(c.windowRecords), room: make(chan struct{}, c.windowRecords)}
+		sl := &bfSlice{Slice: s, win: window.New(c.windowRecords), roomWake: make(chan struct{}, 1)}
 		if s.Done >= s.To {
 			sl.readDone, sl.complete = true, true
 		} else {
@@ -687,17 +687,24 @@ func (b *backfill) read(ctx context.Context, sl *bfSlice) error {
 	}
 }
 
-// push hands r to the workers once its slice has room. It reports false
-// when ctx ended first.
+// push hands r to the workers once its slice's window has room: fewer
+// than WindowRecords records from the first unfinished one through the
+// last pushed. That bounds what a crash makes the next run repeat, finished
+// records above an unfinished one included. It reports false when ctx
+// ended first.
 func (b *backfill) push(ctx context.Context, sl *bfSlice, r *kgo.Record) bool {
-	select {
-	case sl.room <- struct{}{}:
-	case <-ctx.Done():
-		return false
-	}
 	rec := &bfRecord{sl: sl}
 	rec.t.Value.rec = r
 	b.mu.Lock()
+	for sl.win.Len() >= b.cfg.windowRecords {
+		b.mu.Unlock()
+		select {
+		case <-sl.roomWake:
+		case <-ctx.Done():
+			return false
+		}
+		b.mu.Lock()
+	}
 	rec.t.Value.seq = sl.win.Push(r.Offset)
 	b.pending++
 	b.ready = append(b.ready, rec)
@@ -800,8 +807,11 @@ func (b *backfill) finish(rec *bfRecord, deadLettered bool) {
 	sl := rec.sl
 	if sl.win.Done(rec.t.Value.seq) {
 		b.moved = true
+		select {
+		case sl.roomWake <- struct{}{}:
+		default:
+		}
 	}
-	<-sl.room
 	b.pending--
 	b.maybeCompleteLocked(sl)
 	if b.drained != nil && b.pending == 0 {

@@ -376,7 +376,6 @@ func TestBackfillSavesProgressAtMostOncePerInterval(t *testing.T) {
 		finishNext := func(off int64) {
 			rec := &bfRecord{sl: sl}
 			rec.t.Value.rec = &kgo.Record{Offset: off}
-			sl.room <- struct{}{}
 			b.mu.Lock()
 			rec.t.Value.seq = sl.win.Push(off)
 			b.pending++
