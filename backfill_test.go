@@ -3,6 +3,7 @@ package kpar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -408,4 +409,40 @@ func TestBackfillSavesProgressAtMostOncePerInterval(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+// BenchmarkBackfill reads a 20,000-record one-partition topic with 1, 2 and
+// 4 readers, with a handler that does nothing and one that takes 5 ms
+// (Concurrency 64: the 5 ms case is bound by workers, not readers).
+func BenchmarkBackfill(b *testing.B) {
+	const records = 20_000
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "bench"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	produce(b, c, "bench", records, 100)
+	for _, h := range []struct {
+		name string
+		n    int64 // records per iteration
+		fn   HandlerFunc
+	}{
+		{"noop", records, func(context.Context, *kgo.Record) error { return nil }},
+		{"5ms", 4_000, func(context.Context, *kgo.Record) error { time.Sleep(5 * time.Millisecond); return nil }},
+	} {
+		for _, readers := range []int{1, 2, 4} {
+			b.Run(fmt.Sprintf("%s/readers-%d", h.name, readers), func(b *testing.B) {
+				b.ReportAllocs()
+				r := Range{Topic: "bench", From: AtOffset(0), To: AtOffset(h.n)}
+				for b.Loop() {
+					res, err := Backfill(b.Context(), h.fn, r, WithLogger(slog.New(slog.DiscardHandler)),
+						Brokers(c.ListenAddrs()...), Readers(readers))
+					if err != nil || res.Records != h.n {
+						b.Fatalf("Backfill = %+v, %v", res, err)
+					}
+				}
+				b.ReportMetric(float64(h.n*int64(b.N))/b.Elapsed().Seconds(), "records/s")
+			})
+		}
+	}
 }
