@@ -48,7 +48,8 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	group := fs.String("group", "", "consumer group `G` (required)")
 	topic := fs.String("topic", "", "topic `T` to consume (required)")
 	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
-	ordering := fs.String("ordering", "key", "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
+	var ord kpar.Order
+	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "requests in flight at once, and the size of the keep-alive connection pool")
 	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered")
 	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
@@ -77,10 +78,6 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	seeds, err := splitBrokers(*brokers)
 	if err != nil {
 		return fs.usageError("invalid --brokers: %v", err)
-	}
-	ord, err := kpar.ParseOrdering(*ordering)
-	if err != nil {
-		return fs.usageError("invalid --ordering %q: use key, partition or unordered", *ordering)
 	}
 	switch {
 	case *concurrency < 1 || *concurrency > 1<<16:
@@ -146,7 +143,7 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 	}
 	defer dlqClient.Close()
 
-	opts := []kpar.Opt{
+	opts := []kpar.ConsumerOpt{
 		kpar.Brokers(seeds...),
 		kpar.ClientOptions(append([]kgo.Opt{
 			kgo.SessionTimeout(*sessionTimeout),
@@ -156,7 +153,7 @@ finishes in-flight requests, commits and exits 0.`, stderr)
 		kpar.Group(*group),
 		kpar.Topics(*topic),
 		kpar.Concurrency(*concurrency),
-		kpar.WithOrdering(ord),
+		kpar.Ordering(ord),
 		kpar.MaxAttempts(*maxAttempts),
 		kpar.RetryBackoff(*retryBackoff, *retryBackoffMax),
 		kpar.AttemptTimeout(*attemptTimeout),

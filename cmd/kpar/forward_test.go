@@ -408,7 +408,7 @@ func TestForwardDeliversOrDeadLetters(t *testing.T) {
 	}
 	checkKeyOrder(t, ep.first)
 
-	byIndex := make(map[int]deadletter.DeadLetter)
+	byIndex := make(map[int]deadletter.Letter)
 	for _, r := range dlq {
 		l := deadletter.FromRecord(r)
 		i, err := strconv.Atoi(string(l.Record.Value))
@@ -919,7 +919,7 @@ func TestForwardHelpListsEveryFlag(t *testing.T) {
 		"-brokers", "-group", "-topic", "-url", "-ordering", "-concurrency", "-max-attempts",
 		"-retry-backoff", "-attempt-timeout", "-dlq-topic", "-shutdown-timeout", "-metrics-listen",
 		"-tls-ca", "-tls-cert", "-tls-key", "-sasl-mechanism", "-sasl-user", "-sasl-password",
-		"(default 64)", "(default 3)", "(default 100ms)", "(default 10s)", "(default 30s)", `(default "key")`,
+		"(default 64)", "(default 3)", "(default 100ms)", "(default 10s)", "(default 30s)", "(default key)",
 	} {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage does not mention %s:\n%s", f, stderr.String())
