@@ -99,27 +99,18 @@ type BackfillResult struct {
 	Elapsed time.Duration
 }
 
-// backfillOpt is an option that only Backfill reads. It satisfies Opt so
-// that one option list serves both; New ignores it.
-type backfillOpt func(*backfillCfg)
-
-func (backfillOpt) apply(*cfg) {}
-
-type backfillCfg struct {
-	readers  int
-	progress string
-}
-
 // Readers sets how many readers Backfill runs per partition, each with its
 // own client reading its own slice of the range, overriding the default 1.
 // Readers add fetch parallelism; Concurrency bounds the handlers across all
-// of them. New ignores this option.
-func Readers(n int) Opt { return backfillOpt(func(c *backfillCfg) { c.readers = n }) }
+// of them. Backfill only: New rejects it.
+func Readers(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.readers = n }) }
 
 // ProgressFile makes Backfill keep its progress in the file at path, and
 // resume from it: see Backfill. Default: none (progress lives in memory and
-// a new call starts over). New ignores this option.
-func ProgressFile(path string) Opt { return backfillOpt(func(c *backfillCfg) { c.progress = path }) }
+// a new call starts over). Backfill only: New rejects it.
+func ProgressFile(path string) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.progressFile = path })
+}
 
 // maxReaders bounds Readers: each reader is a client with its connections.
 const maxReaders = 256
@@ -159,12 +150,12 @@ const maxReaders = 256
 //
 // Errors wrapping ErrBadRange name what is wrong with r; a cancelled call
 // returns an error wrapping ctx.Err() with the result so far.
-func Backfill(ctx context.Context, h Handler, r Range, opts ...Opt) (BackfillResult, error) {
+func Backfill(ctx context.Context, h Handler, r Range, opts ...ConsumerOpt) (BackfillResult, error) {
 	start := time.Now()
 	if h == nil {
 		return BackfillResult{}, errors.New("kpar: nil handler: pass a Handler (or HandlerFunc) to Backfill")
 	}
-	c, bc, err := backfillConfig(r, opts)
+	c, err := backfillConfig(r, opts)
 	if err != nil {
 		return BackfillResult{}, err
 	}
@@ -176,15 +167,15 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...Opt) (BackfillRes
 
 	want := rangeSpec(r)
 	var state *progress.State
-	if bc.progress != "" {
-		if state, err = progress.Load(bc.progress); err != nil {
+	if c.progressFile != "" {
+		if state, err = progress.Load(c.progressFile); err != nil {
 			return BackfillResult{}, fmt.Errorf("kpar: %w", err)
 		}
 		if state != nil {
-			if err := state.Check(bc.progress, want); err != nil {
+			if err := state.Check(c.progressFile, want); err != nil {
 				return BackfillResult{}, fmt.Errorf("kpar: %w", err)
 			}
-			c.logger.Info("kpar: backfill resuming from the progress file", "file", bc.progress,
+			c.logger.Info("kpar: backfill resuming from the progress file", "file", c.progressFile,
 				"slices", len(state.Slices), "remaining_offsets", state.Remaining())
 		}
 	}
@@ -193,18 +184,18 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...Opt) (BackfillRes
 		if err != nil {
 			return BackfillResult{}, err
 		}
-		state = &progress.State{Range: want, Slices: cutSlices(bounds, bc.readers)}
-		if bc.progress != "" {
+		state = &progress.State{Range: want, Slices: cutSlices(bounds, c.readers)}
+		if c.progressFile != "" {
 			// Saved at once: a crash before the first interval resumes with
 			// the same slices, not with a range resolved again.
-			if err := progress.Save(bc.progress, state); err != nil {
+			if err := progress.Save(c.progressFile, state); err != nil {
 				return BackfillResult{}, fmt.Errorf("kpar: %w", err)
 			}
 		}
 	}
 	admin.Close()
 
-	b := newBackfill(c, h, r.Topic, bc.progress, state)
+	b := newBackfill(c, h, r.Topic, c.progressFile, state)
 	err = b.run(ctx)
 	res := BackfillResult{
 		Records:      b.records.Load(),
@@ -220,27 +211,23 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...Opt) (BackfillRes
 // backfillConfig applies opts and checks them. It reuses the Consumer's
 // validation, standing in the range's topic (and a group name when none was
 // given) for the options a Consumer requires and a backfill does not.
-func backfillConfig(r Range, opts []Opt) (*cfg, backfillCfg, error) {
+func backfillConfig(r Range, opts []ConsumerOpt) (*cfg, error) {
 	c := defaultCfg()
-	bc := backfillCfg{readers: 1}
+	c.backfill = true
 	for _, o := range opts {
-		switch o := o.(type) {
-		case nil:
-		case backfillOpt:
-			o(&bc)
-		default:
+		if o != nil {
 			o.apply(&c)
 		}
 	}
 	switch {
 	case r.Topic == "":
-		return nil, bc, fmt.Errorf("%w: no topic: set Range.Topic", ErrBadRange)
+		return nil, fmt.Errorf("%w: no topic: set Range.Topic", ErrBadRange)
 	case len(c.topics) > 0 || c.regex:
-		return nil, bc, errors.New("kpar: Topics and TopicRegex do not apply to Backfill: name the topic in its Range")
+		return nil, errors.New("kpar: Topics and TopicRegex do not apply to Backfill: name the topic in its Range")
 	case len(c.retryTopics) > 0:
-		return nil, bc, errors.New("kpar: RetryTopics is not supported by Backfill: failed records go to DeadLetters after MaxAttempts")
-	case bc.readers < 1 || bc.readers > maxReaders:
-		return nil, bc, fmt.Errorf("kpar: Readers(%d) out of range: want 1 to %d", bc.readers, maxReaders)
+		return nil, errors.New("kpar: RetryTopics is not supported by Backfill: failed records go to DeadLetters after MaxAttempts")
+	case c.readers < 1 || c.readers > maxReaders:
+		return nil, fmt.Errorf("kpar: Readers(%d) out of range: want 1 to %d", c.readers, maxReaders)
 	}
 	group := c.group
 	c.topics = []string{r.Topic}
@@ -248,17 +235,17 @@ func backfillConfig(r Range, opts []Opt) (*cfg, backfillCfg, error) {
 		c.group = "kpar-backfill"
 	}
 	if err := c.validate(); err != nil {
-		return nil, bc, err
+		return nil, err
 	}
 	c.group = group
-	return &c, bc, nil
+	return &c, nil
 }
 
 // backfillClientOpts are the options of a reader's client (and, with n 0,
 // of the admin client): kpar's fetch defaults, the caller's options, the
 // seeds.
 func (c *cfg) backfillClientOpts(readers int) []kgo.Opt {
-	opts := []kgo.Opt{kgo.WithLogger(kgoLogger{c.logger})}
+	opts := []kgo.Opt{kgo.WithLogger(kgoLogger{L: c.logger})}
 	if readers > 0 {
 		// Every reader buffers one fetch: together they stay within a
 		// quarter of MaxBufferedBytes, as the engine's client does.

@@ -24,12 +24,12 @@ import (
 
 // backfillOpts are the options every backfill test shares: fast retries
 // and progress saves.
-func backfillOpts(c *kfake.Cluster, extra ...Opt) []Opt {
+func backfillOpts(c *kfake.Cluster, extra ...ConsumerOpt) []ConsumerOpt {
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("KPAR_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	return append([]Opt{
+	return append([]ConsumerOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
 		RetryBackoff(time.Millisecond, 5*time.Millisecond),
@@ -171,7 +171,7 @@ func TestBackfillRejectsBadRanges(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		r    Range
-		opts []Opt
+		opts []ConsumerOpt
 		want string
 	}{
 		{"from not below to", Range{Topic: "bf", From: AtOffset(50), To: AtOffset(50)}, nil, "from offset 50 is not below to offset 50"},
@@ -181,7 +181,7 @@ func TestBackfillRejectsBadRanges(t *testing.T) {
 		{"unknown partition", Range{Topic: "bf", Partitions: []int32{0, 7}, From: AtOffset(0), To: AtOffset(1)}, nil, "unknown partition 7"},
 		{"time after every record", Range{Topic: "bf", From: AtTime(future), To: AtTime(future.Add(time.Hour))}, nil, "resolves to no offset"},
 		{"times reversed", Range{Topic: "bf", From: AtTime(future), To: AtTime(future.Add(-time.Hour))}, nil, "is not before to time"},
-		{"progress of another range", Range{Topic: "bf", From: AtOffset(0), To: AtOffset(10)}, []Opt{ProgressFile(otherFile)}, "holds the progress of topic \"other\""},
+		{"progress of another range", Range{Topic: "bf", From: AtOffset(0), To: AtOffset(10)}, []ConsumerOpt{ProgressFile(otherFile)}, "holds the progress of topic \"other\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var handled atomic.Int64
@@ -243,7 +243,7 @@ func TestBackfillDeadLettersFailingRecordsToAFileSink(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[int64]deadletter.Class{}
-	err = src.Read(t.Context(), func(l deadletter.DeadLetter) error {
+	err = src.Read(t.Context(), func(l deadletter.Letter) error {
 		got[l.Record.Offset] = l.Class
 		if l.Class == deadletter.ClassExhausted && l.Attempts != 3 {
 			t.Errorf("offset %d: %d attempts in the dead letter; want 3", l.Record.Offset, l.Attempts)

@@ -146,7 +146,7 @@ exits 1.`, stderr)
 	}
 	defer dlqClient.Close()
 
-	opts := []kpar.Opt{
+	opts := []kpar.ConsumerOpt{
 		kpar.Brokers(seeds...),
 		kpar.ClientOptions(secOpts...),
 		kpar.Readers(*readers),
