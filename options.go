@@ -125,6 +125,11 @@ type cfg struct {
 	hooks  []Hook
 
 	batch bool // set by NewBatch
+
+	// Backfill only (backfill.go); New rejects them.
+	backfill     bool // set by Backfill
+	readers      int
+	progressFile string
 }
 
 func defaultCfg() cfg {
@@ -141,6 +146,7 @@ func defaultCfg() cfg {
 		retryBase:           100 * time.Millisecond,
 		retryMax:            10 * time.Second,
 		maxAttempts:         3,
+		readers:             1,
 		attemptTimeout:      30 * time.Second,
 		logger:              slog.New(slog.DiscardHandler),
 	}
@@ -300,6 +306,9 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) 
 func WithHooks(hooks ...Hook) Opt { return opt(func(c *cfg) { c.hooks = append(c.hooks, hooks...) }) }
 
 func (c *cfg) validate() error {
+	if !c.backfill && (c.readers != 1 || c.progressFile != "") {
+		return fmt.Errorf("kpar: Readers and ProgressFile apply to Backfill only")
+	}
 	switch {
 	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
 		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
