@@ -21,16 +21,27 @@ var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // running attempts and cancels the overdue ones, and the Done channel is
 // only made when a handler asks for it. Values and the parent's
 // cancellation come from the embedded parent.
+//
+// It implements the context package's afterFuncer interface (AfterFunc):
+// a context derived from it (context.WithTimeout(ctx, ...) in a handler,
+// or context.AfterFunc) registers its cancellation here instead of
+// starting a goroutine that waits on Done, which is what the context
+// package does for a parent that is not one of its own types.
 type attemptCtx struct {
 	context.Context // parent: Values; its cancellation is relayed by the watchdog
 	deadline        time.Time
 	task            *task // the attempt's (first) record, for reports
 	attempt         int   // task's attempt number, for reports
 
-	mu   sync.Mutex
-	done chan struct{}
-	err  error
+	mu     sync.Mutex
+	done   chan struct{}
+	err    error
+	afters []*afterFunc  // registered by AfterFunc and not stopped; run by cancel
+	first  [1]*afterFunc // afters' first backing array: most handlers derive one context
 }
+
+// afterFunc is one function registered with attemptCtx.AfterFunc.
+type afterFunc struct{ f func() }
 
 func (c *attemptCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
@@ -57,15 +68,57 @@ func (c *attemptCtx) Err() error {
 // still running.
 func (c *attemptCtx) cancel(err error) bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.err != nil {
+		c.mu.Unlock()
 		return false
 	}
 	c.err = err
 	if c.done != nil {
 		close(c.done)
 	}
+	afters := c.afters
+	c.afters = nil
+	c.mu.Unlock()
+	// Outside mu: the context package's callbacks call Err and Value.
+	for _, a := range afters {
+		a.f()
+	}
 	return true
+}
+
+// AfterFunc arranges for f to be called once the attempt is cancelled, and
+// returns a stop function that unregisters f, reporting whether it did so
+// before f was called. It is what context.WithTimeout, WithCancel and
+// AfterFunc look for on a parent (the afterFuncer interface) to propagate
+// cancellation without a goroutine. f is called by the goroutine that
+// cancels the attempt, or in a goroutine of its own if the attempt was
+// already cancelled; the context package's own callbacks only cancel a
+// child, and context.AfterFunc runs the user's function in a goroutine.
+func (c *attemptCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		// The caller may hold a lock that f takes (propagateCancel holds
+		// the child's): do not call f here.
+		go f()
+		return func() bool { return false }
+	}
+	a := &afterFunc{f: f}
+	if c.afters == nil {
+		c.afters = c.first[:0]
+	}
+	c.afters = append(c.afters, a)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, x := range c.afters {
+			if x == a {
+				c.afters = append(c.afters[:i], c.afters[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // timedOut reports whether the watchdog cancelled the attempt for its
@@ -170,6 +223,13 @@ func (e *engine) detectStuck(now time.Time) {
 func (e *engine) attemptsOf(p tp, offset int64) int {
 	match := func(t *task) bool {
 		return t != nil && t.Value.part.tp == p && t.Value.rec != nil && t.Value.rec.Offset == offset
+	}
+	for i := range e.stashes {
+		// A batch of fast records shares one attempt context; the stash
+		// knows which record runs now.
+		if st := &e.stashes[i]; match(st.current.Load()) {
+			return int(st.currentAttempt.Load())
+		}
 	}
 	for i := range e.slots {
 		if a := e.slots[i].Load(); a != nil && match(a.task) {

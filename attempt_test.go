@@ -3,6 +3,7 @@ package kpar
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -85,4 +86,69 @@ func TestAttemptContextCarriesParentValues(t *testing.T) {
 	defer cancel()
 	a.cancel(context.DeadlineExceeded)
 	<-child.Done()
+}
+
+// TestDerivedContextsStartNoGoroutine: contexts a handler derives from its
+// attempt context (WithTimeout, WithCancel, AfterFunc) are cancelled with it,
+// through AfterFunc, without a goroutine each; a derived context cancelled
+// first unregisters itself.
+func TestDerivedContextsStartNoGoroutine(t *testing.T) {
+	actx := &attemptCtx{Context: context.Background(), deadline: time.Now().Add(time.Hour)}
+	before := runtime.NumGoroutine()
+	const n = 100
+	children := make([]context.Context, n)
+	for i := range children {
+		var cancel context.CancelFunc
+		children[i], cancel = context.WithTimeout(actx, time.Hour)
+		defer cancel()
+	}
+	called := make(chan struct{})
+	context.AfterFunc(actx, func() { close(called) })
+	if grown := runtime.NumGoroutine() - before; grown >= n/2 {
+		t.Fatalf("%d goroutines for %d derived contexts", grown, n)
+	}
+	early, cancelEarly := context.WithCancel(actx)
+	cancelEarly()
+	actx.mu.Lock()
+	registered := len(actx.afters)
+	actx.mu.Unlock()
+	if registered != n+1 {
+		t.Fatalf("%d functions registered, want %d (the cancelled child unregistered)", registered, n+1)
+	}
+	actx.cancel(context.DeadlineExceeded)
+	for i, c := range children {
+		select {
+		case <-c.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("child %d not cancelled with its attempt", i)
+		}
+		if c.Err() != context.DeadlineExceeded {
+			t.Fatalf("child %d: Err = %v, want DeadlineExceeded", i, c.Err())
+		}
+	}
+	<-called
+	if early.Err() != context.Canceled {
+		t.Fatalf("early child: %v", early.Err())
+	}
+	// Deriving from an attempt already cancelled cancels at once.
+	late, cancelLate := context.WithTimeout(actx, time.Hour)
+	defer cancelLate()
+	<-late.Done()
+}
+
+// BenchmarkHandlerDerivesTimeout is a handler that derives a timeout from
+// its attempt context, as an HTTP or database call does: with AfterFunc the
+// context package registers the child on the attempt instead of starting a
+// goroutine for it.
+func BenchmarkHandlerDerivesTimeout(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		actx := &attemptCtx{Context: context.Background(), deadline: time.Now().Add(time.Minute)}
+		ctx, cancel := context.WithTimeout(actx, time.Second)
+		select { // a handler that watches Done
+		case <-ctx.Done():
+		default:
+		}
+		cancel()
+	}
 }

@@ -39,7 +39,7 @@ func BenchmarkNoop(b *testing.B) {
 		}
 		b.ReportMetric(float64(records*b.N)/time.Since(start).Seconds(), "records/s")
 	})
-	for _, mode := range []kpar.Ordering{kpar.Unordered, kpar.Key, kpar.Partition} {
+	for _, mode := range []kpar.Order{kpar.Unordered, kpar.ByKey, kpar.ByPartition} {
 		b.Run("kpar-"+mode.String(), func(b *testing.B) {
 			b.ReportAllocs()
 			pauses.n.Store(0)
@@ -93,7 +93,7 @@ func (p *pauseCounter) OnPartitionPaused(string, int32, int) { p.n.Add(1) }
 
 var pauses = new(pauseCounter)
 
-func kparLoop(b *testing.B, seeds []string, group string, n int, mode kpar.Ordering) {
+func kparLoop(b *testing.B, seeds []string, group string, n int, mode kpar.Order) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var seen atomic.Int64
@@ -102,7 +102,7 @@ func kparLoop(b *testing.B, seeds []string, group string, n int, mode kpar.Order
 			cancel()
 		}
 		return nil
-	}), kpar.Brokers(seeds...), kpar.Group(group), kpar.Topics("bench"), kpar.WithOrdering(mode), kpar.WithHooks(pauses))
+	}), kpar.Brokers(seeds...), kpar.Group(group), kpar.Topics("bench"), kpar.Ordering(mode), kpar.WithHooks(pauses))
 	if err != nil {
 		b.Fatal(err)
 	}

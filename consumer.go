@@ -59,21 +59,19 @@ type Consumer struct {
 
 // New returns a Consumer that hands each record to h. It validates the
 // options and starts nothing: Run connects.
-func New(h Handler, opts ...Opt) (*Consumer, error) {
+func New(h Handler, opts ...ConsumerOpt) (*Consumer, error) {
 	return newConsumer(h, nil, opts)
 }
 
 // NewBatch returns a Consumer that hands records to h in batches of up to
 // BatchSize (default 100) records.
-func NewBatch(h BatchHandler, opts ...Opt) (*Consumer, error) {
+func NewBatch(h BatchHandler, opts ...ConsumerOpt) (*Consumer, error) {
 	return newConsumer(nil, h, opts)
 }
 
-func newConsumer(h Handler, bh BatchHandler, opts []Opt) (*Consumer, error) {
+func newConsumer(h Handler, bh BatchHandler, opts []ConsumerOpt) (*Consumer, error) {
 	c := defaultCfg()
-	if bh != nil {
-		c.batch, c.batchSize = true, 100
-	}
+	c.batch = bh != nil
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -177,6 +175,17 @@ type PartitionStats struct {
 	InFlight int
 	// Paused reports whether fetching is paused because the window is full.
 	Paused bool
+	// CommittedFinished counts the offsets above Committed that the last
+	// commit's metadata marks finished (offsets compacted away between
+	// finished records included): after a crash the next owner skips them.
+	CommittedFinished int
+	// MetadataCut reports that the finished set did not fit in
+	// CommitMetadataBytes at the last commit: the finished records left
+	// out would be handled again after a crash.
+	MetadataCut bool
+	// Skipped counts the records of this assignment finished without
+	// running because the last owner's commit metadata listed them.
+	Skipped int
 }
 
 // Partitions returns a snapshot of every assigned partition's window, for

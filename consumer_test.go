@@ -66,7 +66,7 @@ func TestNoLossWithFailuresAndPanics(t *testing.T) {
 // TestOrderingModes is one behavioural suite over every ordering mode: no
 // loss, and the order each mode promises.
 func TestOrderingModes(t *testing.T) {
-	for _, mode := range []Ordering{Key, Partition, Unordered} {
+	for _, mode := range []Order{ByKey, ByPartition, Unordered} {
 		t.Run(mode.String(), func(t *testing.T) {
 			const n, parts, keys = 5000, 8, 100
 			c := newCluster(t, "events", parts)
@@ -89,11 +89,11 @@ func TestOrderingModes(t *testing.T) {
 				time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 				v := decodeValue(r.Value)
 				mu.Lock()
-				if mode == Key && v.seq != nextSeq[v.key] {
+				if mode == ByKey && v.seq != nextSeq[v.key] {
 					violations = append(violations, fmt.Sprintf("key %d: got seq %d, want %d", v.key, v.seq, nextSeq[v.key]))
 				}
 				nextSeq[v.key] = v.seq + 1
-				if last, ok := lastOffset[r.Partition]; mode == Partition && ok && r.Offset != last+1 {
+				if last, ok := lastOffset[r.Partition]; mode == ByPartition && ok && r.Offset != last+1 {
 					violations = append(violations, fmt.Sprintf("partition %d: offset %d after %d", r.Partition, r.Offset, last))
 				}
 				lastOffset[r.Partition] = r.Offset
@@ -101,7 +101,7 @@ func TestOrderingModes(t *testing.T) {
 				led.success(r)
 				return nil
 			})
-			cons, err := New(h, append(testOpts(c, "g", "events"), WithOrdering(mode), Concurrency(32))...)
+			cons, err := New(h, append(testOpts(c, "g", "events"), Ordering(mode), Concurrency(32))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -159,7 +159,7 @@ func TestBackPressurePausesAndResumes(t *testing.T) {
 		led.success(r)
 		return nil
 	})
-	cons, err := New(h, append(testOpts(c, "g", "slow"), WithOrdering(Unordered), Concurrency(8),
+	cons, err := New(h, append(testOpts(c, "g", "slow"), Ordering(Unordered), Concurrency(8),
 		WindowRecords(window), WithHooks(hook))...)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +243,11 @@ func TestRebalanceLosesNothing(t *testing.T) {
 // committing "the highest finished offset" would have committed 100 and the
 // restarted consumer would never see offset 10. kpar committed 10 — the
 // window start — so the new consumer gets offset 10 again.
-func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
+// TestCrashRedeliversOnlyUnfinishedRecord SIGKILLs a consumer whose
+// offset 10 never finishes while 11-99 did: the committed offset stays at
+// 10, and the commit metadata carries 11-99, so the restarted consumer
+// handles offset 10 and nothing else.
+func TestCrashRedeliversOnlyUnfinishedRecord(t *testing.T) {
 	if os.Getenv("KPAR_CRASH_CHILD") != "" {
 		crashChild()
 		return
@@ -253,7 +257,7 @@ func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashRedeliversUnfinishedRecord$")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashRedeliversOnlyUnfinishedRecord$")
 	cmd.Env = append(os.Environ(), "KPAR_CRASH_CHILD="+strings.Join(c.ListenAddrs(), ","))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -264,7 +268,7 @@ func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The child prints "committed 10" once every fast record is done and
-	// the commit of the window start (10) was acknowledged.
+	// a commit made after that was acknowledged.
 	sc := bufio.NewScanner(out)
 	for sc.Scan() && sc.Text() != "committed 10" {
 	}
@@ -278,76 +282,77 @@ func TestCrashRedeliversUnfinishedRecord(t *testing.T) {
 	if committed[0] != 10 {
 		t.Fatalf("committed offset %d after the crash; want 10 (the unfinished record)", committed[0])
 	}
-	got := make(chan int64, 1)
+	var (
+		mu      sync.Mutex
+		handled []int64
+	)
 	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-		select {
-		case got <- r.Offset:
-		default:
-		}
+		mu.Lock()
+		handled = append(handled, r.Offset)
+		mu.Unlock()
 		return nil
 	})
-	cons, err := New(h, append(testOpts(c, "crash", "crash"), WithOrdering(Partition))...)
+	caughtUp := make(chan struct{})
+	var once sync.Once
+	hook := commitHook(func(offs map[string]map[int32]int64, err error) {
+		if err == nil && offs["crash"][0] == 100 {
+			once.Do(func() { close(caughtUp) })
+		}
+	})
+	cons, err := New(h, append(testOpts(c, "crash", "crash"), Ordering(Unordered), WithHooks(hook))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
-	select {
-	case off := <-got:
-		if off != 10 {
-			t.Fatalf("restarted consumer began at offset %d; want 10", off)
-		}
-	case <-ctx.Done():
-		t.Fatal("restarted consumer received nothing")
-	}
+	waitFor(t, caughtUp, 30*time.Second, "the restarted consumer to commit offset 100")
 	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(handled) != 1 || handled[0] != 10 {
+		t.Fatalf("restarted consumer handled offsets %v; want only [10]: 11-99 finished before the crash", handled)
+	}
 }
 
-// crashChild runs in the child process of TestCrashRedeliversUnfinishedRecord:
-// offset 10 never finishes, everything else does.
+// crashChild runs in the child process of
+// TestCrashRedeliversOnlyUnfinishedRecord: offset 10 never finishes,
+// everything else does.
 func crashChild() {
 	brokers := strings.Split(os.Getenv("KPAR_CRASH_CHILD"), ",")
-	// Print once both happened, in whichever order: every fast record is
-	// done, and the window start (10) was committed.
-	var (
-		mu        sync.Mutex
-		fast      int
-		committed bool
-		printed   bool
-	)
-	report := func() {
-		if fast == 99 && committed && !printed {
-			printed = true
-			fmt.Println("committed 10")
-		}
-	}
+	// Print once a commit recorded offset 10 as the start and 11-99 as
+	// finished in its metadata.
+	var c *Consumer
+	committed := make(chan struct{}, 1)
 	hook := commitHook(func(offs map[string]map[int32]int64, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if err == nil && offs["crash"][0] == 10 {
-			committed = true
-			report()
+		select {
+		case committed <- struct{}{}:
+		default:
 		}
 	})
+	go func() {
+		for range committed {
+			if st := c.Partitions(); len(st) == 1 && st[0].Committed == 10 && st[0].CommittedFinished == 89 {
+				fmt.Println("committed 10")
+				return
+			}
+		}
+	}()
 	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 		if r.Offset == 10 {
 			<-ctx.Done() // slow: never finishes before the kill
 			return ctx.Err()
 		}
-		mu.Lock()
-		fast++
-		report()
-		mu.Unlock()
 		return nil
 	})
-	c, err := New(h,
+	cons, err := New(h,
 		Brokers(brokers...), Group("crash"), Topics("crash"),
-		WithOrdering(Unordered), CommitInterval(20*time.Millisecond), WithHooks(hook),
+		Ordering(Unordered), CommitInterval(20*time.Millisecond), WithHooks(hook),
 		WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 		ClientOptions(kgo.SessionTimeout(2*time.Second), kgo.HeartbeatInterval(100*time.Millisecond)),
 	)
 	if err != nil {
 		panic(err)
 	}
+	c = cons
 	c.Run(context.Background())
 }
 
@@ -420,20 +425,19 @@ func TestBatchHandlerGetsOnePartitionInOrder(t *testing.T) {
 
 func TestNewRejectsBadOptions(t *testing.T) {
 	h := HandlerFunc(func(context.Context, *kgo.Record) error { return nil })
-	base := []Opt{Brokers("127.0.0.1:9092"), Group("g"), Topics("t")}
+	base := []ConsumerOpt{Brokers("127.0.0.1:9092"), Group("g"), Topics("t")}
 	cases := []struct {
 		name string
-		opts []Opt
+		opts []ConsumerOpt
 		want string
 	}{
-		{"no brokers", []Opt{Group("g"), Topics("t")}, "no brokers"},
-		{"no group", []Opt{Brokers("127.0.0.1:9092"), Topics("t")}, "no group"},
-		{"no topics", []Opt{Brokers("127.0.0.1:9092"), Group("g")}, "no topics"},
+		{"no brokers", []ConsumerOpt{Group("g"), Topics("t")}, "no brokers"},
+		{"no group", []ConsumerOpt{Brokers("127.0.0.1:9092"), Topics("t")}, "no group"},
+		{"no topics", []ConsumerOpt{Brokers("127.0.0.1:9092"), Group("g")}, "no topics"},
 		{"zero concurrency", append(base, Concurrency(0)), "Concurrency(0) out of range: want 1 to 65536"},
 		{"negative concurrency", append(base, Concurrency(-3)), "Concurrency(-3)"},
-		{"unknown ordering", append(base, WithOrdering(Ordering(9))), "WithOrdering(9)"},
+		{"unknown ordering", append(base, Ordering(Order(9))), "Ordering(9)"},
 		{"tiny window", append(base, WindowRecords(2)), "WindowRecords(2) out of range"},
-		{"window below batch", append(base, BatchSize(500), WindowRecords(100)), "smaller than BatchSize(500)"},
 		{"tiny byte budget", append(base, MaxBufferedBytes(10)), "MaxBufferedBytes(10)"},
 		{"zero commit interval", append(base, CommitInterval(0)), "CommitInterval(0s)"},
 		{"zero shutdown timeout", append(base, ShutdownTimeout(0)), "ShutdownTimeout(0s)"},
@@ -441,6 +445,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"backoff max below base", append(base, RetryBackoff(time.Second, time.Millisecond)), "RetryBackoff(1s, 1ms)"},
 		{"zero attempts", append(base, MaxAttempts(0)), "MaxAttempts(0)"},
 		{"zero attempt timeout", append(base, AttemptTimeout(0)), "AttemptTimeout(0s)"},
+		{"negative stuck after", append(base, StuckAfter(-time.Second)), "StuckAfter(-1s) out of range: want 0"},
 		{"bad retry topic delay", append(base, RetryTopics(time.Second, 0)), "RetryTopics delay 2"},
 		{"bad regex", append(base, TopicRegex(), Topics("(")), "TopicRegex"},
 		{"nil logger", append(base, WithLogger(nil)), "WithLogger(nil)"},
@@ -462,5 +467,115 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}
 	if _, err := New(h, append(base, ClientOptions(kgo.ClientID("x")))...); err != nil {
 		t.Fatalf("valid options rejected: %v", err)
+	}
+	bh := BatchHandlerFunc(func(context.Context, []*kgo.Record) error { return nil })
+	if _, err := NewBatch(bh, append(base, BatchSize(500), WindowRecords(100))...); err == nil || !strings.Contains(err.Error(), "smaller than BatchSize(500)") {
+		t.Fatalf("NewBatch with a window below the batch: %v", err)
+	}
+	if _, err := New(h, append(base, WindowRecords(50))...); err != nil {
+		t.Fatalf("New with a window below the (NewBatch-only) default batch size: %v", err)
+	}
+	if _, err := New(h, append(base, StuckAfter(0))...); err != nil {
+		t.Fatalf("StuckAfter(0), the default, rejected: %v", err)
+	}
+}
+
+// TestOptionKinds: RunMembers takes GroupOpt, so the engine's own options
+// do not compile there; the options valid everywhere are Opt.
+func TestOptionKinds(t *testing.T) {
+	for name, o := range map[string]ConsumerOpt{"Concurrency": Concurrency(1), "Ordering": Ordering(ByKey),
+		"BatchSize": BatchSize(1), "WindowRecords": WindowRecords(8), "CommitInterval": CommitInterval(time.Second),
+		"MaxAttempts": MaxAttempts(1), "DeadLetters": DeadLetters(nil), "RetryTopics": RetryTopics()} {
+		if _, ok := o.(GroupOpt); ok {
+			t.Errorf("%s is a GroupOpt: RunMembers would accept and ignore it", name)
+		}
+	}
+	var _ Opt = Brokers()
+	var _ Opt = WithLogger(nil)
+	var _ Opt = RetryBackoff(1, 1)
+}
+
+// TestOrderText: Order round-trips through its text form, for flag.TextVar.
+func TestOrderText(t *testing.T) {
+	for _, o := range []Order{ByKey, ByPartition, Unordered} {
+		b, err := o.MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got Order
+		if err := got.UnmarshalText(b); err != nil || got != o || o.String() != string(b) {
+			t.Fatalf("%v: text %q, back %v, %v", o, b, got, err)
+		}
+	}
+	var o Order
+	if err := o.UnmarshalText([]byte("Key")); err == nil {
+		t.Fatal(`UnmarshalText("Key") accepted`)
+	}
+	if _, err := Order(9).MarshalText(); err == nil || Order(9).String() != "Order(9)" {
+		t.Fatalf("Order(9): %v, %q", err, Order(9).String())
+	}
+}
+
+// TestShutdownIsBoundedByShutdownTimeout runs a handler that ignores its
+// context: Run must return within ShutdownTimeout (plus scheduling slack),
+// not ShutdownTimeout for the drain, again for the workers and then
+// RevokeTimeout when leaving the group.
+func TestShutdownIsBoundedByShutdownTimeout(t *testing.T) {
+	c := newCluster(t, "bounded", 1)
+	produce(t, c, "bounded", 10, 10)
+	started := make(chan struct{})
+	unblock := make(chan struct{})
+	t.Cleanup(func() { close(unblock) }) // lets the stray handler go before goleak looks
+	var once sync.Once
+	h := HandlerFunc(func(context.Context, *kgo.Record) error {
+		once.Do(func() { close(started) })
+		<-unblock // ignores ctx
+		return nil
+	})
+	cons, err := New(h, append(testOpts(c, "bounded", "bounded"), ShutdownTimeout(time.Second), RevokeTimeout(10*time.Second))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, started, 10*time.Second, "the handler to start")
+	begin := time.Now()
+	err = stop()
+	took := time.Since(begin)
+	if !errors.Is(err, ErrShutdownTimeout) {
+		t.Fatalf("Run returned %v, want ErrShutdownTimeout", err)
+	}
+	if took > 3*time.Second {
+		t.Fatalf("Run took %v to return with ShutdownTimeout 1s", took)
+	}
+}
+
+// TestMembersWithAnotherOrderingAreRefused starts a Key member, then an
+// Unordered one in the same group: the second must fail with
+// ErrOrderingMismatch instead of breaking per-key order.
+func TestMembersWithAnotherOrderingAreRefused(t *testing.T) {
+	c := newCluster(t, "mixed", 2)
+	produce(t, c, "mixed", 10, 10)
+	assigned := make(chan struct{})
+	var once sync.Once
+	first, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+		append(testOpts(c, "mixed", "mixed"), Ordering(ByKey), WithHooks(assignHook(func() { once.Do(func() { close(assigned) }) })))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, first)
+	waitFor(t, assigned, 10*time.Second, "the first member's assignment")
+
+	second, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+		append(testOpts(c, "mixed", "mixed"), Ordering(Unordered))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := second.Run(ctx); !errors.Is(err, ErrOrderingMismatch) {
+		t.Fatalf("second member's Run returned %v, want ErrOrderingMismatch", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

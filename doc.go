@@ -22,19 +22,30 @@
 //
 // # Ordering
 //
-// Key (the default) runs one record per key and partition at a time, in
-// offset order, and different keys in parallel; records with a nil key are
-// unordered. Partition runs one record per partition at a time. Unordered
-// runs anything. Ordering never blocks the worker pool: records of a busy key
+// Ordering(ByKey), the default, runs one record per key and partition at a
+// time, in offset order, and different keys in parallel; records with a nil
+// key are unordered. ByPartition runs one record per partition at a time.
+// Unordered runs anything. Ordering never blocks the worker pool: records of a busy key
 // wait in that key's queue while workers take other keys.
 //
 // # Failures
 //
 // A handler error or panic fails the attempt; the record is retried after a
 // jittered exponential backoff (RetryBackoff) without holding a worker. In
-// Key and Partition modes the records behind it in its key or partition wait
+// ByKey and ByPartition modes the records behind it in its key or partition wait
 // for it, as ordering requires. Its window start waits too: a failing record
-// is never committed past.
+// is never committed past. After MaxAttempts a record goes to the retry
+// topics (RetryTopics), then to the dead-letter sink (DeadLetters; the
+// deadletter package has Kafka and file sinks, the pgsink module a
+// PostgreSQL one).
+//
+// # Options
+//
+// Options are checked at compile time where they apply: an Opt goes
+// anywhere, a GroupOpt wherever a group member runs (New and RunMembers), a
+// ConsumerOpt only to New and NewBatch. Every default is written on its
+// option and set in one place; New validates all options together and names
+// the offending one.
 //
 // # Rebalances and shutdown
 //

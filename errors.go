@@ -13,11 +13,21 @@ var ErrRunning = errors.New("kpar: Consumer is already running; call Run once pe
 // ErrClosed is returned by Run after Close.
 var ErrClosed = errors.New("kpar: Consumer is closed; create a new one to consume again")
 
-// ErrShutdownTimeout is returned by Run when handlers were still running
-// when ShutdownTimeout passed, even after their contexts were cancelled.
-// Their records were not committed and will be delivered again; the
-// goroutines running them are left behind until the handlers return.
-var ErrShutdownTimeout = errors.New("kpar: handlers still running after the shutdown timeout; their records were not committed")
+// ErrShutdownTimeout is returned by Run when ShutdownTimeout passed with
+// records unfinished. Their handlers' contexts were cancelled; the records
+// were not committed and will be delivered again (the finished records
+// above them were, in the commit metadata). A handler that ignores its
+// context keeps its goroutine until it returns; Run does not wait for it.
+var ErrShutdownTimeout = errors.New("kpar: shutdown timeout passed with records unfinished; they were not committed and will be delivered again")
+
+// ErrOrderingMismatch is returned by Run when the group's other members use
+// another ordering mode, or are not kpar consumers: members that order
+// differently would break per-key (or per-partition) order on the
+// partitions they get. Use one Ordering for every member of a group; to
+// change it, stop every member first (a rolling restart is refused while
+// members of the old mode remain, crashed ones until their session times
+// out).
+var ErrOrderingMismatch = errors.New("kpar: the group's members use another ordering mode (or are not kpar consumers): use one ordering for every member of a group")
 
 // Permanent marks err as not worth retrying: the record goes straight to the
 // failure path (the dead-letter sink, once configured) without further

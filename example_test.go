@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -11,25 +13,38 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/deadletter"
 )
 
-func Example() {
-	// An in-process broker with one topic of 4 partitions and 100 records.
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
+// exampleCluster starts an in-process broker with topics of 4 partitions
+// and produces n records to the first, keyed by 10 customers. Examples
+// call it so that their bodies show only kpar.
+func exampleCluster(n int, topics ...string) *kfake.Cluster {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topics...))
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer cluster.Close()
-	producer, _ := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	for i := range 100 {
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer producer.Close()
+	for i := range n {
 		producer.Produce(context.Background(), &kgo.Record{
-			Topic: "orders",
+			Topic: topics[0],
 			Key:   fmt.Appendf(nil, "customer-%d", i%10),
 			Value: fmt.Appendf(nil, "order-%d", i),
 		}, nil)
 	}
-	producer.Flush(context.Background())
-	producer.Close()
+	if err := producer.Flush(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	return cluster
+}
+
+func Example() {
+	cluster := exampleCluster(100, "orders")
+	defer cluster.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -40,13 +55,45 @@ func Example() {
 		if handled.Add(1) == 100 {
 			cancel() // stop once everything was handled
 		}
-		return nil
+		return nil // done; an error would be retried
 	}),
 		kpar.Brokers(cluster.ListenAddrs()...),
 		kpar.Group("billing"),
 		kpar.Topics("orders"),
 		kpar.Concurrency(16),
-		kpar.WithOrdering(kpar.Key),
+		kpar.Ordering(kpar.ByKey),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil { // drains and commits on the way out
+		log.Fatal(err)
+	}
+	fmt.Println("handled", handled.Load())
+	// Output: handled 100
+}
+
+// A batch handler gets up to BatchSize records of one partition (and one
+// key, in ByKey mode) at once, in offset order: one database round trip
+// for many records.
+func ExampleNewBatch() {
+	cluster := exampleCluster(100, "orders")
+	defer cluster.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var handled atomic.Int64
+	c, err := kpar.NewBatch(kpar.BatchHandlerFunc(func(ctx context.Context, rs []*kgo.Record) error {
+		if handled.Add(int64(len(rs))) == 100 {
+			cancel()
+		}
+		return nil // an error fails (and retries) every record of rs
+	}),
+		kpar.Brokers(cluster.ListenAddrs()...),
+		kpar.Group("billing"),
+		kpar.Topics("orders"),
+		kpar.Ordering(kpar.ByPartition),
+		kpar.BatchSize(20),
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -56,4 +103,169 @@ func Example() {
 	}
 	fmt.Println("handled", handled.Load())
 	// Output: handled 100
+}
+
+// progress is a hook: any value implementing one or more HookX interfaces.
+// Hooks are called from kpar's goroutines, so they must be safe for
+// concurrent use and fast.
+type progress struct {
+	done   atomic.Int64
+	failed atomic.Int64
+	stop   context.CancelFunc
+}
+
+func (p *progress) OnRecordDone(r *kgo.Record, attempts int, latency time.Duration) {
+	if p.done.Add(1) == 100 {
+		p.stop()
+	}
+}
+
+func (p *progress) OnAttemptFailed(r *kgo.Record, attempt int, err error, retryIn time.Duration) {
+	p.failed.Add(1)
+}
+
+var (
+	_ kpar.HookRecordDone    = (*progress)(nil)
+	_ kpar.HookAttemptFailed = (*progress)(nil)
+)
+
+func ExampleWithHooks() {
+	cluster := exampleCluster(100, "orders")
+	defer cluster.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hook := &progress{stop: cancel}
+	var calls atomic.Int64
+	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if calls.Add(1)%10 == 0 {
+			return fmt.Errorf("flaky downstream") // retried after RetryBackoff
+		}
+		return nil
+	}),
+		kpar.Brokers(cluster.ListenAddrs()...),
+		kpar.Group("billing"),
+		kpar.Topics("orders"),
+		kpar.RetryBackoff(time.Millisecond, 10*time.Millisecond),
+		kpar.WithHooks(hook),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("done", hook.done.Load(), "with some failed attempts:", hook.failed.Load() > 0)
+	// Output: done 100 with some failed attempts: true
+}
+
+// A record that keeps failing goes through the retry topics, each with its
+// delay, without holding back its partition, and then to the dead-letter
+// topic: MaxAttempts on the original topic, then one attempt per retry
+// topic (itself a delayed retry). The sink here writes to Kafka
+// ("<topic>.dlq").
+func ExampleRetryTopics() {
+	cluster := exampleCluster(20, "orders", "orders.dlq")
+	defer cluster.Close()
+	dlq, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner())) // a dead letter keeps its partition
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dlq.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var ok atomic.Int64
+	dead := make(chan deadletter.Letter, 1)
+	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if string(r.Value) == "order-7" {
+			return fmt.Errorf("order-7: card declined")
+		}
+		ok.Add(1)
+		return nil
+	}),
+		kpar.Brokers(cluster.ListenAddrs()...),
+		kpar.Group("billing"),
+		kpar.Topics("orders"),
+		kpar.MaxAttempts(2),
+		kpar.RetryBackoff(time.Millisecond, 10*time.Millisecond),
+		kpar.RetryTopics(50*time.Millisecond, 100*time.Millisecond), // orders.retry.1, orders.retry.2
+		kpar.DeadLetters(deadletter.NewKafkaSink(dlq)),
+		kpar.WithHooks(deadLettered(func(l deadletter.Letter) { dead <- l })),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { <-dead; cancel() }()
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	src, err := deadletter.OpenSource(context.Background(), "kafka://"+cluster.ListenAddrs()[0]+"/orders.dlq")
+	if err != nil {
+		log.Fatal(err)
+	}
+	src.Read(context.Background(), func(l deadletter.Letter) error {
+		fmt.Printf("%s: %s after %d attempts: %s\n", l.Record.Value, l.Class, l.Attempts, l.Message)
+		return nil
+	})
+	fmt.Println("handled", ok.Load())
+	// Output:
+	// order-7: exhausted after 4 attempts: order-7: card declined
+	// handled 19
+}
+
+// deadLettered adapts a function to kpar.HookDeadLettered.
+type deadLettered func(deadletter.Letter)
+
+func (f deadLettered) OnDeadLettered(l deadletter.Letter) { f(l) }
+
+// A Permanent error skips the retries. The file sink appends JSON Lines and
+// fsyncs them before the record counts as finished.
+func ExampleDeadLetters() {
+	cluster := exampleCluster(20, "orders")
+	defer cluster.Close()
+	dir, err := os.MkdirTemp("", "kpar-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "dead-letters.jsonl")
+	sink, err := deadletter.NewFileSink(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sink.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if string(r.Value) == "order-3" {
+			return kpar.Permanent(fmt.Errorf("order-3: malformed"))
+		}
+		return nil
+	}),
+		kpar.Brokers(cluster.ListenAddrs()...),
+		kpar.Group("billing"),
+		kpar.Topics("orders"),
+		kpar.DeadLetters(sink),
+		kpar.WithHooks(deadLettered(func(deadletter.Letter) { cancel() })),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	src, err := deadletter.OpenSource(context.Background(), "file://"+path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	src.Read(context.Background(), func(l deadletter.Letter) error {
+		fmt.Printf("%s at %s/%d: %s (%d attempt)\n", l.Record.Value, l.Record.Topic, l.Record.Partition, l.Message, l.Attempts)
+		return nil
+	})
+	// Output: order-3 at orders/2: permanent: order-3: malformed (1 attempt)
 }

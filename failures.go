@@ -160,7 +160,7 @@ func (e *engine) sinkBackoff(attempt int) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }
 
-func (e *engine) letter(t *task) deadletter.DeadLetter {
+func (e *engine) letter(t *task) deadletter.Letter {
 	it := &t.Value
 	x := it.ext()
 	msg := ""
@@ -171,7 +171,7 @@ func (e *engine) letter(t *task) deadletter.DeadLetter {
 			msg += "\n" + string(pe.Stack)
 		}
 	}
-	return deadletter.DeadLetter{
+	return deadletter.Letter{
 		Record:       it.original(),
 		Group:        e.cfg.group,
 		Class:        x.class,
@@ -186,7 +186,7 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 	if len(ts) == 0 {
 		return nil
 	}
-	letters := make([]deadletter.DeadLetter, len(ts))
+	letters := make([]deadletter.Letter, len(ts))
 	for i, t := range ts {
 		letters[i] = e.letter(t)
 	}
@@ -201,4 +201,32 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 		}
 	}
 	return nil
+}
+
+// retryLater re-queues a failed record after backoff. The record keeps its
+// lane meanwhile, so later records of its key (or partition) wait for it;
+// other lanes go on. Called with mu held.
+func (e *engine) retryLater(t *task, backoff time.Duration) {
+	// A record waiting on a timer leaves the shared byte budget: however
+	// many records wait for retries, healthy partitions keep being fetched.
+	// Each partition's window still bounds its waiting records.
+	ps, size := t.Value.part, t.Value.size
+	ps.waiting += size
+	e.bytes -= size
+	e.budgetFreed()
+	e.timers[t] = time.AfterFunc(backoff, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if _, ok := e.timers[t]; !ok || e.stop {
+			return
+		}
+		delete(e.timers, t)
+		if ps.status != live {
+			return
+		}
+		ps.waiting -= size
+		e.bytes += size
+		e.ready.Push(t)
+		e.wake(1)
+	})
 }

@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -50,33 +46,11 @@ func sinkCases() []sinkCase {
 			t.Cleanup(func() { s.Close() })
 			return s, "file://" + path
 		}},
-		{"postgres", func(t *testing.T, _ *kfake.Cluster) (deadletter.Sink, string) {
-			dsn := os.Getenv("KPAR_TEST_POSTGRES")
-			if dsn == "" {
-				t.Skip("KPAR_TEST_POSTGRES is unset; scripts/test.sh starts PostgreSQL and sets it")
-			}
-			table := fmt.Sprintf("kpar_test_%d", time.Now().UnixNano())
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			s, err := deadletter.OpenPostgresSink(ctx, dsn, deadletter.Table(table))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			u, err := url.Parse(dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			q := u.Query()
-			q.Set(deadletter.TableParam, table)
-			u.RawQuery = q.Encode()
-			return s, u.String()
-		}},
 	}
 }
 
 // readLetters reads every dead letter back from a sink's URL.
-func readLetters(t *testing.T, rawURL string) []deadletter.DeadLetter {
+func readLetters(t *testing.T, rawURL string) []deadletter.Letter {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -84,8 +58,8 @@ func readLetters(t *testing.T, rawURL string) []deadletter.DeadLetter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []deadletter.DeadLetter
-	if err := src.Read(ctx, func(l deadletter.DeadLetter) error { out = append(out, l); return nil }); err != nil {
+	var out []deadletter.Letter
+	if err := src.Read(ctx, func(l deadletter.Letter) error { out = append(out, l); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -157,14 +131,14 @@ func TestPoisonRecordEndsInEachSink(t *testing.T) {
 // recorder collects dead letters and stuck reports from hooks.
 type recorder struct {
 	mu      sync.Mutex
-	letters []deadletter.DeadLetter
+	letters []deadletter.Letter
 	stuck   []int64
 	got     chan struct{}
 }
 
 func newRecorder() *recorder { return &recorder{got: make(chan struct{}, 100)} }
 
-func (r *recorder) OnDeadLettered(l deadletter.DeadLetter) {
+func (r *recorder) OnDeadLettered(l deadletter.Letter) {
 	r.mu.Lock()
 	r.letters = append(r.letters, l)
 	r.mu.Unlock()
@@ -182,10 +156,10 @@ func (r *recorder) OnRecordStuck(_ string, _ int32, offset int64, _ int, _ time.
 // themselves are tested in package deadletter and above.
 type memSink struct {
 	mu      sync.Mutex
-	letters []deadletter.DeadLetter
+	letters []deadletter.Letter
 }
 
-func (s *memSink) Write(_ context.Context, ls []deadletter.DeadLetter) error {
+func (s *memSink) Write(_ context.Context, ls []deadletter.Letter) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.letters = append(s.letters, ls...)
@@ -266,7 +240,7 @@ func TestStuckRecordIsReported(t *testing.T) {
 		return nil
 	})
 	rec := newRecorder()
-	cons, err := New(h, append(testOpts(c, "g", "stuck"), WithOrdering(Unordered), StuckAfter(100*time.Millisecond),
+	cons, err := New(h, append(testOpts(c, "g", "stuck"), Ordering(Unordered), StuckAfter(100*time.Millisecond),
 		AttemptTimeout(20*time.Second), WithHooks(rec))...)
 	if err != nil {
 		t.Fatal(err)
@@ -314,7 +288,7 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 	})
 	watch := newOutageWatch("out")
 	done, doneCh := committedTo("out", n)
-	cons, err := New(h, append(testOpts(c, "g", "out"), WithOrdering(Unordered), RetryBackoff(10*time.Millisecond, 50*time.Millisecond),
+	cons, err := New(h, append(testOpts(c, "g", "out"), Ordering(Unordered), RetryBackoff(10*time.Millisecond, 50*time.Millisecond),
 		DeadLetters(deadletter.NewKafkaSink(cl)), WithHooks(watch, done))...)
 	if err != nil {
 		t.Fatal(err)
@@ -428,7 +402,7 @@ func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
 		close(done)
 		return nil
 	})
-	cons, err := New(h, append(testOpts(c, "g", "rt"), WithOrdering(Unordered), MaxAttempts(2),
+	cons, err := New(h, append(testOpts(c, "g", "rt"), Ordering(Unordered), MaxAttempts(2),
 		RetryTopics(delay), DeadLetters(&memSink{}))...)
 	if err != nil {
 		t.Fatal(err)
@@ -448,128 +422,6 @@ func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
 	}
 	if calls != 3 {
 		t.Fatalf("flaky record called %d times, want 3", calls)
-	}
-}
-
-// switchProxy forwards TCP connections to target while up; while down it
-// refuses new connections and cuts the open ones, like a stopped server.
-type switchProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	up     bool
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newSwitchProxy(t *testing.T, target string) *switchProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &switchProxy{ln: ln, target: target}
-	p.wg.Go(p.serve)
-	t.Cleanup(func() { ln.Close(); p.setUp(false); p.wg.Wait() })
-	return p
-}
-
-func (p *switchProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		up := p.up
-		p.mu.Unlock()
-		if !up {
-			c.Close()
-			continue
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		p.wg.Go(func() { io.Copy(s, c); s.Close() })
-		p.wg.Go(func() { io.Copy(c, s); c.Close() })
-	}
-}
-
-func (p *switchProxy) setUp(up bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.up = up
-	if !up {
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.conns = nil
-	}
-}
-
-// TestPostgresOutageHoldsTheWindow: while PostgreSQL is unreachable, the
-// poison record stays unfinished and no commit passes it; once the server
-// is back, the letter is stored once and the window moves on.
-func TestPostgresOutageHoldsTheWindow(t *testing.T) {
-	dsn := os.Getenv("KPAR_TEST_POSTGRES")
-	if dsn == "" {
-		t.Skip("KPAR_TEST_POSTGRES is unset; scripts/test.sh starts PostgreSQL and sets it")
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newSwitchProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
-	q := u.Query()
-	q.Set("connect_timeout", "1")
-	u.RawQuery = q.Encode()
-	table := fmt.Sprintf("kpar_outage_%d", time.Now().UnixNano())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sink, err := deadletter.OpenPostgresSink(ctx, u.String(), deadletter.Table(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-
-	const n, poison = 50, 5
-	c := newCluster(t, "pgout", 1)
-	produce(t, c, "pgout", n, 5)
-	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-		if r.Offset == poison {
-			return Permanent(errors.New("poison"))
-		}
-		return nil
-	})
-	watch := newOutageWatch("pgout")
-	done, doneCh := committedTo("pgout", n)
-	cons, err := New(h, append(testOpts(c, "g", "pgout"), WithOrdering(Unordered),
-		RetryBackoff(10*time.Millisecond, 50*time.Millisecond), DeadLetters(sink), WithHooks(watch, done))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons) // the proxy starts down: PostgreSQL is unreachable
-	for range 2 {
-		watch.waitFailedWrite(t, "the PostgreSQL outage was never hit")
-	}
-	if during := watch.committed(); during > poison {
-		t.Fatalf("committed %d while PostgreSQL was down, past the unfinished offset %d", during, poison)
-	}
-	proxy.setUp(true)
-	waitFor(t, doneCh, 30*time.Second, "the commit to pass the poison record after PostgreSQL came back")
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	q.Set(deadletter.TableParam, table)
-	u.RawQuery = q.Encode()
-	letters := readLetters(t, u.String())
-	if len(letters) != 1 || letters[0].Record.Offset != poison {
-		t.Fatalf("dead letters after the outage: %d, want the one at %d", len(letters), poison)
 	}
 }
 
@@ -611,7 +463,7 @@ func TestRetriesDoNotStarveHealthyPartitions(t *testing.T) {
 	})
 	// 1 MiB holds ~100 records: half of partition 0's failing ones, and
 	// the healthy partition needs several fetches.
-	cons, err := New(h, append(testOpts(c, "g", "mixed"), WithOrdering(Unordered), MaxBufferedBytes(1<<20),
+	cons, err := New(h, append(testOpts(c, "g", "mixed"), Ordering(Unordered), MaxBufferedBytes(1<<20),
 		RetryBackoff(50*time.Millisecond, 200*time.Millisecond), ShutdownTimeout(100*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)

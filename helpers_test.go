@@ -40,12 +40,12 @@ func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 
 // testOpts are the options every test consumer shares: fast heartbeats
 // and commits, short timeouts.
-func testOpts(c *kfake.Cluster, group, topic string) []Opt {
+func testOpts(c *kfake.Cluster, group, topic string) []ConsumerOpt {
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("KPAR_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	return []Opt{
+	return []ConsumerOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
 		Group(group),
@@ -221,17 +221,23 @@ func (l *ledger) counts() (distinct, duplicates int) {
 	return len(l.ok), duplicates
 }
 
-// createTopic creates a topic on c.
-func createTopic(t testing.TB, c *kfake.Cluster, topic string, partitions int32) {
+// adminClient returns an admin client of c, closed when the test ends.
+func adminClient(t testing.TB, c *kfake.Cluster) *kadm.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+// createTopic creates a topic on c.
+func createTopic(t testing.TB, c *kfake.Cluster, topic string, partitions int32) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+	if _, err := adminClient(t, c).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -41,14 +41,16 @@ type HookCommit interface {
 	OnCommit(offsets map[string]map[int32]int64, err error)
 }
 
-// HookPartitionPaused is called when a partition's window filled and its
-// fetching was paused; buffered is the window's size at that moment.
+// HookPartitionPaused is called when a partition's fetching was paused:
+// its window is full and a window's worth (WindowRecords) of fetched
+// records waits outside it. buffered is the window's size at that moment.
 type HookPartitionPaused interface {
 	OnPartitionPaused(topic string, partition int32, buffered int)
 }
 
-// HookPartitionResumed is called when a paused partition's window drained
-// below the low mark and fetching resumed.
+// HookPartitionResumed is called when a paused partition's fetching
+// resumed: at most half a window's worth (WindowRecords/2) of fetched
+// records still waits outside its window. buffered is the window's size.
 type HookPartitionResumed interface {
 	OnPartitionResumed(topic string, partition int32, buffered int)
 }
@@ -76,7 +78,7 @@ type HookRecordStuck interface {
 // HookDeadLettered is called after the dead-letter sink acknowledged a
 // record; the record is finished from then on.
 type HookDeadLettered interface {
-	OnDeadLettered(l deadletter.DeadLetter)
+	OnDeadLettered(l deadletter.Letter)
 }
 
 // HookDeadLetterFailed is called when writing records to a retry topic or

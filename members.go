@@ -22,8 +22,11 @@ const membersPollRecords = 500
 // classic "one consumer per goroutine" model — and blocks until ctx is
 // cancelled or a member fails fatally.
 //
-// Each member is its own franz-go client built from the same options (Group,
-// Topics, TopicRegex, Brokers, ClientOptions, WithLogger). A member handles
+// Each member is its own franz-go client built from the same options.
+// RunMembers takes the GroupOpt options only — Group, Topics, TopicRegex and
+// the Opt ones valid everywhere (Brokers, ClientOptions, RetryBackoff,
+// ShutdownTimeout, WithLogger, WithHooks) — so passing one it would ignore,
+// such as Concurrency, does not compile. A member handles
 // its records one at a time, in offset order, and commits after handling
 // the records of each poll (at most 500), so no offset is ever committed
 // before its record was handled. Rebalances wait for a member's current
@@ -35,15 +38,12 @@ const membersPollRecords = 500
 //
 // Throughput is bounded by one record at a time per member, and a member
 // with no partition sits idle: use n <= the number of partitions. Consumer
-// (New and Run) instead runs many records per partition at once. Options
-// about that engine — Concurrency, WithOrdering, BatchSize, WindowRecords,
-// MaxBufferedBytes, CommitInterval and RevokeTimeout — are validated but
-// have no effect here. Hooks for dispatch, completion, failures, commits,
+// (New and Run) instead runs many records per partition at once. Hooks for dispatch, completion, failures, commits,
 // assignments and revocations are called; pause and resume never happen.
 //
 // RunMembers returns nil after a clean shutdown, or the first fatal error
 // (such as an authentication failure), after every member has stopped.
-func RunMembers(ctx context.Context, n int, h Handler, opts ...Opt) error {
+func RunMembers(ctx context.Context, n int, h Handler, opts ...GroupOpt) error {
 	if n < 1 || n > 1<<10 {
 		return fmt.Errorf("kpar: RunMembers(n=%d) out of range: want 1 to 1024", n)
 	}
@@ -100,6 +100,10 @@ func (m *member) clientOpts() []kgo.Opt {
 	// move their partitions: no commit for a partition we lost, and the
 	// next owner starts where we stopped.
 	opts := m.cfg.groupClientOpts(nil, m.cfg.topics, kgo.BlockRebalanceOnPoll())
+	if m.cfg.instanceID != "" {
+		// One ID per member: members sharing an ID would fence each other.
+		opts = append(opts, kgo.InstanceID(fmt.Sprintf("%s-%d", m.cfg.instanceID, m.id)))
+	}
 	if len(m.hooks.assigned) > 0 {
 		opts = append(opts, kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
 			for _, h := range m.hooks.assigned {

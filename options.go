@@ -9,55 +9,91 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/offsetmeta"
 )
 
-// Ordering says which records may be handled at the same time.
-type Ordering int
+// Order says which records may be handled at the same time. Its text form
+// (String, MarshalText, UnmarshalText) is "key", "partition" or
+// "unordered", so a flag.TextVar or a configuration file can set it.
+type Order int
 
 const (
-	// Key handles records of one partition and one key in offset order, one
-	// at a time; records of other keys proceed in parallel. Records with a
-	// nil key carry no ordering and are handled as in Unordered. This is the
-	// default.
-	Key Ordering = iota
-	// Partition handles the records of a partition one at a time, in offset
-	// order: the classic consumer, with partitions in parallel.
-	Partition
+	// ByKey handles records of one partition and one key in offset order,
+	// one at a time; records of other keys proceed in parallel. Records
+	// with a nil key carry no ordering and are handled as in Unordered.
+	// This is the default.
+	ByKey Order = iota
+	// ByPartition handles the records of a partition one at a time, in
+	// offset order: the classic consumer, with partitions in parallel.
+	ByPartition
 	// Unordered handles any record at any time, bounded by Concurrency.
 	Unordered
 )
 
-func (o Ordering) String() string {
-	switch o {
-	case Key:
-		return "key"
-	case Partition:
-		return "partition"
-	case Unordered:
-		return "unordered"
+var orderNames = [...]string{ByKey: "key", ByPartition: "partition", Unordered: "unordered"}
+
+// String returns "key", "partition" or "unordered".
+func (o Order) String() string {
+	if o >= 0 && int(o) < len(orderNames) {
+		return orderNames[o]
 	}
-	return fmt.Sprintf("Ordering(%d)", int(o))
+	return fmt.Sprintf("Order(%d)", int(o))
 }
 
-// ParseOrdering parses "key", "partition" or "unordered".
-func ParseOrdering(s string) (Ordering, error) {
-	switch s {
-	case "key":
-		return Key, nil
-	case "partition":
-		return Partition, nil
-	case "unordered":
-		return Unordered, nil
+// MarshalText implements encoding.TextMarshaler.
+func (o Order) MarshalText() ([]byte, error) {
+	if o < 0 || int(o) >= len(orderNames) {
+		return nil, fmt.Errorf("kpar: unknown %v", o)
 	}
-	return 0, fmt.Errorf("kpar: unknown ordering %q: use key, partition or unordered", s)
+	return []byte(orderNames[o]), nil
 }
 
-// Opt configures a Consumer. Options are applied in order; later ones win.
-type Opt interface{ apply(*cfg) }
+// UnmarshalText implements encoding.TextUnmarshaler: it accepts "key",
+// "partition" or "unordered".
+func (o *Order) UnmarshalText(b []byte) error {
+	for i, n := range orderNames {
+		if string(b) == n {
+			*o = Order(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("kpar: unknown ordering %q: use key, partition or unordered", b)
+}
 
-type opt func(*cfg)
+// Options come in three kinds, told apart at compile time as in franz-go:
+// an Opt is valid everywhere, a GroupOpt wherever a group member runs (New
+// and RunMembers), a ConsumerOpt only for the Consumer of New and NewBatch.
+// Each is also the wider kinds, so New takes every option and RunMembers
+// rejects, when the program is compiled, the options it would not honour.
+// The interfaces are sealed: only this package implements them.
 
-func (o opt) apply(c *cfg) { o(c) }
+// ConsumerOpt configures a Consumer: New and NewBatch take every option.
+// Options are applied in order; later ones win.
+type ConsumerOpt interface{ apply(*cfg) }
+
+// GroupOpt configures every group member: a Consumer and the members of
+// RunMembers.
+type GroupOpt interface {
+	ConsumerOpt
+	groupOpt()
+}
+
+// Opt is an option valid everywhere: New, NewBatch and RunMembers.
+type Opt interface {
+	GroupOpt
+}
+
+type (
+	opt         func(*cfg) // an Opt
+	groupOpt    func(*cfg) // a GroupOpt
+	consumerOpt func(*cfg) // a ConsumerOpt
+)
+
+func (o opt) apply(c *cfg)         { o(c) }
+func (opt) groupOpt()              {}
+func (o groupOpt) apply(c *cfg)    { o(c) }
+func (groupOpt) groupOpt()         {}
+func (o consumerOpt) apply(c *cfg) { o(c) }
 
 type cfg struct {
 	brokers    []string
@@ -66,16 +102,18 @@ type cfg struct {
 	topics     []string
 	regex      bool
 
-	concurrency     int
-	ordering        Ordering
-	batchSize       int
-	windowRecords   int
-	maxBytes        int64
-	commitInterval  time.Duration
-	shutdownTimeout time.Duration
-	revokeTimeout   time.Duration
-	retryBase       time.Duration
-	retryMax        time.Duration
+	concurrency         int
+	ordering            Order
+	batchSize           int
+	windowRecords       int
+	maxBytes            int64
+	commitInterval      time.Duration
+	commitMetadataBytes int
+	instanceID          string
+	shutdownTimeout     time.Duration
+	revokeTimeout       time.Duration
+	retryBase           time.Duration
+	retryMax            time.Duration
 
 	maxAttempts    int
 	attemptTimeout time.Duration
@@ -87,23 +125,30 @@ type cfg struct {
 	hooks  []Hook
 
 	batch bool // set by NewBatch
+
+	// Backfill only (backfill.go); New rejects them.
+	backfill     bool // set by Backfill
+	readers      int
+	progressFile string
 }
 
 func defaultCfg() cfg {
 	return cfg{
-		concurrency:     64,
-		ordering:        Key,
-		batchSize:       1,
-		windowRecords:   1000,
-		maxBytes:        64 << 20,
-		commitInterval:  time.Second,
-		shutdownTimeout: 30 * time.Second,
-		revokeTimeout:   10 * time.Second,
-		retryBase:       100 * time.Millisecond,
-		retryMax:        10 * time.Second,
-		maxAttempts:     3,
-		attemptTimeout:  30 * time.Second,
-		logger:          slog.New(slog.DiscardHandler),
+		concurrency:         64,
+		ordering:            ByKey,
+		batchSize:           100, // NewBatch only: New hands over one record at a time
+		windowRecords:       1000,
+		maxBytes:            64 << 20,
+		commitInterval:      defaultCommitInterval,
+		commitMetadataBytes: offsetmeta.MaxBytes,
+		shutdownTimeout:     30 * time.Second,
+		revokeTimeout:       10 * time.Second,
+		retryBase:           100 * time.Millisecond,
+		retryMax:            10 * time.Second,
+		maxAttempts:         3,
+		readers:             1,
+		attemptTimeout:      30 * time.Second,
+		logger:              slog.New(slog.DiscardHandler),
 	}
 }
 
@@ -125,44 +170,76 @@ func ClientOptions(opts ...kgo.Opt) Opt {
 }
 
 // Group sets the consumer group. Required.
-func Group(name string) Opt { return opt(func(c *cfg) { c.group = name }) }
+func Group(name string) GroupOpt { return groupOpt(func(c *cfg) { c.group = name }) }
 
 // Topics sets the topics to consume. Required.
-func Topics(topics ...string) Opt {
-	return opt(func(c *cfg) { c.topics = append(c.topics, topics...) })
+func Topics(topics ...string) GroupOpt {
+	return groupOpt(func(c *cfg) { c.topics = append(c.topics, topics...) })
 }
 
 // TopicRegex makes the names given to Topics regular expressions: every
 // matching topic is consumed, including ones created later.
-func TopicRegex() Opt { return opt(func(c *cfg) { c.regex = true }) }
+func TopicRegex() GroupOpt { return groupOpt(func(c *cfg) { c.regex = true }) }
 
 // Concurrency sets how many records (or batches) are handled at once,
 // overriding the default 64. It is the size of the worker pool.
-func Concurrency(n int) Opt { return opt(func(c *cfg) { c.concurrency = n }) }
+func Concurrency(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.concurrency = n }) }
 
-// WithOrdering sets the ordering mode, overriding the default Key.
-func WithOrdering(o Ordering) Opt { return opt(func(c *cfg) { c.ordering = o }) }
+// Ordering sets which records may be handled at the same time, overriding
+// the default ByKey.
+func Ordering(o Order) ConsumerOpt { return consumerOpt(func(c *cfg) { c.ordering = o }) }
 
 // BatchSize sets the most records a BatchHandler receives at once,
-// overriding the default 100 for NewBatch. A batch holds records of one
+// overriding the default 100. It has no effect with New. A batch holds records of one
 // partition (and, in Key mode, of one key), in offset order.
-func BatchSize(n int) Opt { return opt(func(c *cfg) { c.batchSize = n }) }
+func BatchSize(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.batchSize = n }) }
 
 // WindowRecords bounds each partition's window: the records from the
 // lowest unfinished offset through the newest fetched one, overriding the
 // default 1000. Up to one more window's worth of fetched records waits
 // outside a full window; beyond that the partition is paused. It also
 // bounds the duplicates a crash can cause per partition.
-func WindowRecords(n int) Opt { return opt(func(c *cfg) { c.windowRecords = n }) }
+func WindowRecords(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.windowRecords = n }) }
 
 // MaxBufferedBytes bounds the key, value and header bytes of all records
 // held across partitions, overriding the default 64 MiB. Fetching stops
 // while the bound is reached.
-func MaxBufferedBytes(n int64) Opt { return opt(func(c *cfg) { c.maxBytes = n }) }
+func MaxBufferedBytes(n int64) ConsumerOpt { return consumerOpt(func(c *cfg) { c.maxBytes = n }) }
 
-// CommitInterval sets how often window starts are committed, overriding the
-// default 1s. kpar also commits on revoke and on shutdown.
-func CommitInterval(d time.Duration) Opt { return opt(func(c *cfg) { c.commitInterval = d }) }
+// defaultCommitInterval is CommitInterval's default; see CommitInterval.
+const defaultCommitInterval = 20 * time.Millisecond
+
+// CommitInterval sets the least time between two commits, overriding the
+// default 20ms. kpar commits as soon as a window start, or the set of
+// finished records above it, moved; at most one commit is in flight, and
+// nothing is committed while nothing finishes. A crash re-delivers the
+// records in flight plus what finished within one interval, so the
+// interval trades broker requests (at most 1/interval per member, 50 a
+// second by default, none at idle) for repeated work. kpar also commits on
+// revoke and on shutdown.
+func CommitInterval(d time.Duration) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.commitInterval = d })
+}
+
+// CommitMetadataBytes bounds the finished-offsets set that each commit
+// carries in its metadata, overriding the default 4096 (Kafka's default
+// offset.metadata.max.bytes). After a crash or rebalance the next owner
+// skips the records in that set. A set that does not fit is cut to the
+// lowest finished offsets that do (the rest is handled again); a broker
+// that refuses the size makes kpar halve it. 0 commits plain offsets.
+func CommitMetadataBytes(n int) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.commitMetadataBytes = n })
+}
+
+// InstanceID makes the consumer a static group member (KIP-345) with this
+// group.instance.id: a member that restarts with the same ID within the
+// session timeout gets its partitions back at once, without a rebalance,
+// instead of waiting for the session timeout to expire. Each running member
+// needs its own ID (a second member with the same ID fences the first).
+// Default: none (a dynamic member).
+//
+// With RunMembers, member i gets the ID "<id>-<i>".
+func InstanceID(id string) GroupOpt { return groupOpt(func(c *cfg) { c.instanceID = id }) }
 
 // ShutdownTimeout bounds how long Run drains buffered and in-flight records
 // after its context is cancelled, overriding the default 30s. Past it,
@@ -172,7 +249,9 @@ func ShutdownTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.shutdown
 // RevokeTimeout bounds how long a rebalance waits for the in-flight records
 // of revoked partitions before committing them, overriding the default 10s.
 // Keep it below the group's rebalance timeout.
-func RevokeTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.revokeTimeout = d }) }
+func RevokeTimeout(d time.Duration) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.revokeTimeout = d })
+}
 
 // RetryBackoff sets the exponential backoff between attempts of a failed
 // record: full jitter over base*2^(attempt-1), capped at max, overriding
@@ -186,33 +265,37 @@ func RetryBackoff(base, max time.Duration) Opt {
 // Without a dead-letter sink and retry topics, a record whose attempts are
 // exhausted keeps being retried (at the capped backoff): kpar never skips a
 // record it could not put somewhere durable.
-func MaxAttempts(n int) Opt { return opt(func(c *cfg) { c.maxAttempts = n }) }
+func MaxAttempts(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.maxAttempts = n }) }
 
 // AttemptTimeout bounds one handler attempt, overriding the default 30s.
 // Past it the attempt's context is cancelled and the attempt counts as
 // failed (class timeout); a handler that ignores its context keeps its
 // worker until it returns.
-func AttemptTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.attemptTimeout = d }) }
+func AttemptTimeout(d time.Duration) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.attemptTimeout = d })
+}
 
 // StuckAfter sets how long a partition's window start may stay on one
 // unfinished record before kpar reports it (log and HookRecordStuck),
-// overriding the default of twice AttemptTimeout.
-func StuckAfter(d time.Duration) Opt { return opt(func(c *cfg) { c.stuckAfter = d }) }
+// overriding the default of twice AttemptTimeout; 0 keeps that default.
+func StuckAfter(d time.Duration) ConsumerOpt { return consumerOpt(func(c *cfg) { c.stuckAfter = d }) }
 
 // DeadLetters sets the sink that receives records kpar gives up on: a
 // Permanent error, or attempts exhausted on the last retry topic. A record
 // is finished (committable) only once the sink acknowledged it; while the
 // sink fails, the record stays unfinished and its window start holds.
 // Default: none (records are retried until they succeed).
-func DeadLetters(s deadletter.Sink) Opt { return opt(func(c *cfg) { c.deadLetters = s }) }
+func DeadLetters(s deadletter.Sink) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.deadLetters = s })
+}
 
 // RetryTopics enables non-blocking retries through topics: a record whose
 // local attempts are exhausted is produced to <topic>.retry.<n> (n from 1)
 // with a due time delays[n-1] later, and consumed by the same Consumer no
 // earlier than that, without holding back its original partition. After the
 // last retry topic comes the dead-letter sink. Default: none.
-func RetryTopics(delays ...time.Duration) Opt {
-	return opt(func(c *cfg) { c.retryTopics = append([]time.Duration(nil), delays...) })
+func RetryTopics(delays ...time.Duration) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.retryTopics = append([]time.Duration(nil), delays...) })
 }
 
 // WithLogger sets the logger, overriding the default that discards.
@@ -223,6 +306,9 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) 
 func WithHooks(hooks ...Hook) Opt { return opt(func(c *cfg) { c.hooks = append(c.hooks, hooks...) }) }
 
 func (c *cfg) validate() error {
+	if !c.backfill && (c.readers != 1 || c.progressFile != "") {
+		return fmt.Errorf("kpar: Readers and ProgressFile apply to Backfill only")
+	}
 	switch {
 	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
 		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
@@ -232,18 +318,20 @@ func (c *cfg) validate() error {
 		return fmt.Errorf("kpar: no topics: set Topics(names...)")
 	case c.concurrency < 1 || c.concurrency > 1<<16:
 		return fmt.Errorf("kpar: Concurrency(%d) out of range: want 1 to 65536", c.concurrency)
-	case c.ordering < Key || c.ordering > Unordered:
-		return fmt.Errorf("kpar: WithOrdering(%d) unknown: want Key, Partition or Unordered", int(c.ordering))
-	case c.batchSize < 1:
+	case c.ordering < ByKey || c.ordering > Unordered:
+		return fmt.Errorf("kpar: Ordering(%d) unknown: want ByKey, ByPartition or Unordered", int(c.ordering))
+	case c.batch && c.batchSize < 1:
 		return fmt.Errorf("kpar: BatchSize(%d) out of range: want 1 or more", c.batchSize)
 	case c.windowRecords < 4 || c.windowRecords > 1<<24:
 		return fmt.Errorf("kpar: WindowRecords(%d) out of range: want 4 to 16777216", c.windowRecords)
-	case c.windowRecords < c.batchSize:
+	case c.batch && c.windowRecords < c.batchSize:
 		return fmt.Errorf("kpar: WindowRecords(%d) is smaller than BatchSize(%d): a batch must fit in the window", c.windowRecords, c.batchSize)
 	case c.maxBytes < 1<<10:
 		return fmt.Errorf("kpar: MaxBufferedBytes(%d) out of range: want 1024 or more", c.maxBytes)
 	case c.commitInterval <= 0:
 		return fmt.Errorf("kpar: CommitInterval(%v) out of range: want more than 0", c.commitInterval)
+	case c.commitMetadataBytes < 0 || c.commitMetadataBytes > 1<<20:
+		return fmt.Errorf("kpar: CommitMetadataBytes(%d) out of range: want 0 (plain commits) to 1048576", c.commitMetadataBytes)
 	case c.shutdownTimeout <= 0:
 		return fmt.Errorf("kpar: ShutdownTimeout(%v) out of range: want more than 0", c.shutdownTimeout)
 	case c.revokeTimeout <= 0:
@@ -255,7 +343,7 @@ func (c *cfg) validate() error {
 	case c.attemptTimeout <= 0:
 		return fmt.Errorf("kpar: AttemptTimeout(%v) out of range: want more than 0", c.attemptTimeout)
 	case c.stuckAfter < 0:
-		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want more than 0", c.stuckAfter)
+		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want 0 (twice AttemptTimeout) or more", c.stuckAfter)
 	case c.logger == nil:
 		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
 	}

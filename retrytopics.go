@@ -11,21 +11,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/deadletter"
 )
 
-// Headers of records in retry topics. The original record's key, value and
-// headers are kept; these say where it came from and when it is due.
+// Headers of records in retry topics. A retry record keeps the original's
+// key, value and headers, followed by the dead-letter headers that say
+// where it came from and how it failed (deadletter.HeaderTopic,
+// HeaderPartition, HeaderOffset, HeaderOriginalTimestamp,
+// HeaderDeliveryCount, HeaderClass, HeaderMessage, HeaderFirstFailure,
+// HeaderLastFailure; same names, same UTF-8 encodings, so `kpar dlq` and
+// kcat read retry topics as they read dead letters), and two of its own.
 const (
-	HeaderRetryTopic     = "kpar.retry.original.topic"
-	HeaderRetryPartition = "kpar.retry.original.partition"
-	HeaderRetryOffset    = "kpar.retry.original.offset"
-	HeaderRetryTimestamp = "kpar.retry.original.timestamp" // Unix milliseconds
-	HeaderRetryLevel     = "kpar.retry.level"              // n of <topic>.retry.<n>
-	HeaderRetryDue       = "kpar.retry.due"                // Unix milliseconds
-	HeaderRetryAttempts  = "kpar.retry.attempts"           // attempts so far, over all levels
-	HeaderRetryFirst     = "kpar.retry.first.failure"      // Unix milliseconds
-	HeaderRetryClass     = "kpar.error.class"
-	HeaderRetryMessage   = "__dlq.errors.message"
+	HeaderRetryLevel = "kpar.retry.level" // n of <topic>.retry.<n>, decimal
+	HeaderRetryDue   = "kpar.retry.due"   // RFC 3339, milliseconds, UTC
 )
 
 // RetryTopic names the n-th retry topic (from 1) of topic.
@@ -101,42 +100,147 @@ func (e *engine) createRetryTopics(ctx context.Context) {
 	}
 }
 
-// decodeRetry reads the retry headers of a record consumed from retry topic
-// level n into it: its due time, its history, and the original record the
-// handler sees.
-func decodeRetry(it *item, level int) {
-	r := it.rec
-	x := it.ext()
-	x.level = level
-	orig := *r
-	orig.Headers = nil
-	for _, h := range r.Headers {
-		v := string(h.Value)
-		switch h.Key {
-		case HeaderRetryTopic:
-			orig.Topic = v
-		case HeaderRetryPartition:
-			p, _ := strconv.ParseInt(v, 10, 32)
-			orig.Partition = int32(p)
-		case HeaderRetryOffset:
-			orig.Offset, _ = strconv.ParseInt(v, 10, 64)
-		case HeaderRetryTimestamp:
-			ms, _ := strconv.ParseInt(v, 10, 64)
-			orig.Timestamp = time.UnixMilli(ms)
-		case HeaderRetryDue:
-			ms, _ := strconv.ParseInt(v, 10, 64)
-			x.due = time.UnixMilli(ms)
-		case HeaderRetryAttempts:
-			x.priorAttempts, _ = strconv.Atoi(v)
-		case HeaderRetryFirst:
-			ms, _ := strconv.ParseInt(v, 10, 64)
-			x.firstFailure = time.UnixMilli(ms)
-		case HeaderRetryLevel, HeaderRetryClass, HeaderRetryMessage:
-		default:
-			orig.Headers = append(orig.Headers, h)
+// retryState is what a retry record says beyond its original: the codec
+// of encodeRetry and decodeRetryHeaders.
+type retryState struct {
+	Group        string
+	Level        int       // n of <topic>.retry.<n>, from 1
+	Due          time.Time // not handled before
+	Attempts     int       // attempts so far, over all levels
+	FirstFailure time.Time
+	LastFailure  time.Time
+	Class        deadletter.Class
+	Message      string // the last error's text
+}
+
+// encodeRetry returns the headers of the retry record of orig: orig's own
+// headers, then the level (which starts the retry headers), the due time,
+// and the dead-letter headers of orig and s.
+func encodeRetry(orig *kgo.Record, s retryState) []kgo.RecordHeader {
+	hs := append([]kgo.RecordHeader(nil), orig.Headers...)
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderRetryLevel, Value: strconv.AppendInt(nil, int64(s.Level), 10)},
+		kgo.RecordHeader{Key: HeaderRetryDue, Value: appendTime(nil, s.Due)},
+	)
+	return append(hs, deadletter.EncodeHeaders(deadletter.Letter{
+		Record: orig, Group: s.Group, Class: s.Class, Message: s.Message,
+		Attempts: s.Attempts, FirstFailure: s.FirstFailure, LastFailure: s.LastFailure,
+	}, deadletter.Kpar)...)
+}
+
+// errRetryHeaders wraps every error of decodeRetryHeaders.
+var errRetryHeaders = errors.New("kpar: bad retry-topic headers")
+
+// decodeRetryHeaders is the inverse of encodeRetry: from the headers of a
+// retry record it restores the original's location, timestamp and headers
+// into orig (whose key and value the caller sets) and returns the state. The
+// retry headers start at the last HeaderRetryLevel, so an original that
+// carried such names itself keeps them. A missing location,
+// level or due time, or a value that does not parse, is an error wrapping
+// errRetryHeaders; orig then holds what could be read.
+func decodeRetryHeaders(hs []kgo.RecordHeader, orig *kgo.Record) (retryState, error) {
+	var s retryState
+	start := len(hs)
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].Key == HeaderRetryLevel {
+			start = i
+			break
 		}
 	}
+	seen := make(map[string]bool, 12)
+	orig.Headers = nil
+	if start > 0 {
+		orig.Headers = append([]kgo.RecordHeader(nil), hs[:start]...)
+	}
+	var errs []error
+	bad := func(k, v string, err error) {
+		errs = append(errs, fmt.Errorf("%s=%q: %w", k, v, err))
+	}
+	num := func(k, v string, bits int) int64 {
+		n, err := strconv.ParseInt(v, 10, bits)
+		if err != nil {
+			bad(k, v, err)
+		}
+		return n
+	}
+	tm := func(k, v string) time.Time {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			bad(k, v, err)
+		}
+		return t
+	}
+	for _, h := range hs[start:] {
+		k, v := h.Key, string(h.Value)
+		seen[k] = true
+		switch k {
+		case deadletter.HeaderTopic:
+			orig.Topic = v
+		case deadletter.HeaderPartition:
+			orig.Partition = int32(num(k, v, 32))
+		case deadletter.HeaderOffset:
+			orig.Offset = num(k, v, 64)
+		case deadletter.HeaderOriginalTimestamp:
+			orig.Timestamp = tm(k, v)
+		case deadletter.HeaderGroup:
+			s.Group = v
+		case deadletter.HeaderDeliveryCount:
+			s.Attempts = int(num(k, v, 32))
+		case deadletter.HeaderMessage:
+			s.Message = v
+		case deadletter.HeaderClass:
+			if s.Class = deadletter.Class(v); !s.Class.Valid() {
+				bad(k, v, errors.New("unknown class"))
+			}
+		case deadletter.HeaderFirstFailure:
+			s.FirstFailure = tm(k, v)
+		case deadletter.HeaderLastFailure:
+			s.LastFailure = tm(k, v)
+		case HeaderRetryLevel:
+			if s.Level = int(num(k, v, 32)); s.Level < 1 {
+				bad(k, v, errors.New("want 1 or more"))
+			}
+		case HeaderRetryDue:
+			s.Due = tm(k, v)
+		}
+	}
+	for _, k := range []string{deadletter.HeaderTopic, deadletter.HeaderPartition, deadletter.HeaderOffset, HeaderRetryLevel, HeaderRetryDue} {
+		if !seen[k] {
+			errs = append(errs, fmt.Errorf("no %s header", k))
+		}
+	}
+	if len(errs) > 0 {
+		return s, fmt.Errorf("%w: %w", errRetryHeaders, errors.Join(errs...))
+	}
+	return s, nil
+}
+
+// appendTime appends t as RFC 3339 with milliseconds in UTC, the dead-letter
+// headers' format; nothing for a zero t.
+func appendTime(b []byte, t time.Time) []byte {
+	if t.IsZero() {
+		return b
+	}
+	return t.UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z07:00")
+}
+
+// decodeRetry reads the retry headers of a record consumed from retry topic
+// level n into it: its due time, its history, and the original record the
+// handler sees. Damaged headers make the record due now, with what could
+// be read; the error is returned and kept as the record's last error, so a
+// dead letter of it says why its history is incomplete.
+func decodeRetry(it *item, level int) error {
+	x := it.ext()
+	x.level = level
+	orig := *it.rec
+	s, err := decodeRetryHeaders(it.rec.Headers, &orig)
+	x.due, x.priorAttempts, x.firstFailure = s.Due, s.Attempts, s.FirstFailure
 	x.origin = &orig
+	if err != nil {
+		x.lastErr = fmt.Errorf("%s/%d/%d: %w", it.rec.Topic, it.rec.Partition, it.rec.Offset, err)
+		return x.lastErr
+	}
+	return nil
 }
 
 // writeRetries produces records to their next retry topic and waits for the
@@ -157,19 +261,10 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
 		if x.lastErr != nil {
 			msg = x.lastErr.Error()
 		}
-		hs := append([]kgo.RecordHeader(nil), orig.Headers...)
-		hs = append(hs,
-			kgo.RecordHeader{Key: HeaderRetryTopic, Value: []byte(orig.Topic)},
-			kgo.RecordHeader{Key: HeaderRetryPartition, Value: strconv.AppendInt(nil, int64(orig.Partition), 10)},
-			kgo.RecordHeader{Key: HeaderRetryOffset, Value: strconv.AppendInt(nil, orig.Offset, 10)},
-			kgo.RecordHeader{Key: HeaderRetryTimestamp, Value: strconv.AppendInt(nil, orig.Timestamp.UnixMilli(), 10)},
-			kgo.RecordHeader{Key: HeaderRetryLevel, Value: strconv.AppendInt(nil, int64(next), 10)},
-			kgo.RecordHeader{Key: HeaderRetryDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)},
-			kgo.RecordHeader{Key: HeaderRetryAttempts, Value: strconv.AppendInt(nil, int64(it.totalAttempts()), 10)},
-			kgo.RecordHeader{Key: HeaderRetryFirst, Value: strconv.AppendInt(nil, x.firstFailure.UnixMilli(), 10)},
-			kgo.RecordHeader{Key: HeaderRetryClass, Value: []byte(x.class)},
-			kgo.RecordHeader{Key: HeaderRetryMessage, Value: []byte(msg)},
-		)
+		hs := encodeRetry(orig, retryState{
+			Group: e.cfg.group, Level: next, Due: due, Attempts: it.totalAttempts(),
+			FirstFailure: x.firstFailure, LastFailure: x.lastFailure, Class: x.class, Message: msg,
+		})
 		recs[i] = &kgo.Record{
 			Topic:     RetryTopic(orig.Topic, next),
 			Key:       orig.Key,

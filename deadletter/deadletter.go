@@ -40,8 +40,8 @@ func (c Class) Valid() bool {
 	return false
 }
 
-// DeadLetter is a record that kpar gave up on, with why and when.
-type DeadLetter struct {
+// Letter is a record that kpar gave up on, with why and when.
+type Letter struct {
 	// Record is the original: Topic, Partition, Offset, Key, Value,
 	// Headers and Timestamp are kept byte-for-byte by every sink and
 	// source. Readers return the original's headers only: the dead-letter
@@ -59,7 +59,7 @@ type DeadLetter struct {
 // ID is the identity of a dead letter: its original record's
 // "topic/partition/offset". Sinks are idempotent and readers deduplicate by
 // this identity, and replay uses it as the value of HeaderReplayedFrom.
-func (l DeadLetter) ID() string {
+func (l Letter) ID() string {
 	if l.Record == nil {
 		return ""
 	}
@@ -70,12 +70,12 @@ func (l DeadLetter) ID() string {
 //
 // Write returns nil only once every letter is durable; on error the caller
 // retries the whole batch later. Write is therefore idempotent per original
-// (topic, partition, offset) where the medium allows it (PostgreSQL); where it
+// (topic, partition, offset) where the medium allows it (pgsink); where it
 // does not (Kafka, files), a retried batch can store a letter twice and the
 // readers of this package drop the later copies. Write must be safe for
 // concurrent use.
 type Sink interface {
-	Write(ctx context.Context, letters []DeadLetter) error
+	Write(ctx context.Context, letters []Letter) error
 }
 
 // Source reads dead letters back, for inspection and replay.
@@ -87,10 +87,11 @@ type Sink interface {
 // returns it. A Source holds no connection between Read calls, and Read may
 // be called again to read the same letters.
 type Source interface {
-	Read(ctx context.Context, fn func(DeadLetter) error) error
+	Read(ctx context.Context, fn func(Letter) error) error
 }
 
-// ErrClosed is returned by Write on a FileSink or PostgresSink after Close.
+// ErrClosed is returned by Write on a FileSink (or a pgsink.Sink) after
+// Close.
 var ErrClosed = errors.New("deadletter: sink closed")
 
 // tpo identifies an original record; readers dedupe on it.
@@ -100,7 +101,7 @@ type tpo struct {
 	offset    int64
 }
 
-func keyOf(l DeadLetter) tpo {
+func keyOf(l Letter) tpo {
 	if l.Record == nil {
 		return tpo{}
 	}
@@ -108,9 +109,9 @@ func keyOf(l DeadLetter) tpo {
 }
 
 // dedupe wraps fn so that letters already passed on are dropped.
-func dedupe(fn func(DeadLetter) error) func(DeadLetter) error {
+func dedupe(fn func(Letter) error) func(Letter) error {
 	seen := make(map[tpo]struct{})
-	return func(l DeadLetter) error {
+	return func(l Letter) error {
 		k := keyOf(l)
 		if _, ok := seen[k]; ok {
 			return nil

@@ -3,18 +3,19 @@
 //
 // # The model
 //
-// A DeadLetter is the original record, kept byte-for-byte (topic,
+// A Letter is the original record, kept byte-for-byte (topic,
 // partition, offset, key, value, headers, timestamp), plus why it failed
 // (Class, the last error's Message, the number of Attempts) and when
 // (FirstFailure, LastFailure). Its identity is the original's
-// "topic/partition/offset" (DeadLetter.ID).
+// "topic/partition/offset" (Letter.ID).
 //
 // A Sink stores dead letters durably: Write returns nil only once every
 // letter of the batch is durable, and on error the caller (kpar's engine)
 // keeps the records unfinished and retries the whole batch later. That
 // makes duplicates possible wherever the medium cannot refuse them, so:
 //
-//   - PostgresSink is idempotent: one row per (topic, partition, offset),
+//   - pgsink.Sink (module github.com/kpar/kpar/deadletter/pgsink) is
+//     idempotent: one row per (topic, partition, offset),
 //     INSERT ... ON CONFLICT DO NOTHING.
 //   - KafkaSink and FileSink may store a letter twice (a batch retried after
 //     a partial failure, or a crash after the write but before the commit);
@@ -28,12 +29,14 @@
 // (KIP-1191's __dlq.errors.*, UTF-8 strings) plus kpar.* headers for what
 // that convention lacks; the Spring dialect writes Spring Kafka's
 // kafka_dlt-* headers so a Spring service can consume kpar's dead letters.
-// NewFileSink appends JSON Lines and fsyncs. NewPostgresSink and
-// OpenPostgresSink insert into a table they create if missing.
+// NewFileSink appends JSON Lines and fsyncs. The PostgreSQL sink lives in
+// its own module, github.com/kpar/kpar/deadletter/pgsink, so that programs
+// without it link no database driver.
 //
 // # Reading
 //
-// OpenSource opens kafka://, file:// and postgres:// URLs. FromRecord
+// OpenSource opens kafka:// and file:// URLs (pgsink.OpenSource opens
+// postgres:// ones). FromRecord
 // decodes a record of a dead-letter topic written by kpar, Spring Kafka,
 // Kafka Connect or Kafka Streams, restoring the original's location and
 // headers; the exported Header*, Spring*, Connect* and Streams* constants

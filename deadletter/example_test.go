@@ -40,7 +40,7 @@ func ExampleOpenSource() {
 	if err != nil {
 		panic(err)
 	}
-	letter := deadletter.DeadLetter{
+	letter := deadletter.Letter{
 		Record:      &kgo.Record{Topic: "orders", Partition: 3, Offset: 1234, Value: []byte(`{"id":7}`)},
 		Group:       "billing",
 		Class:       deadletter.ClassExhausted,
@@ -49,15 +49,15 @@ func ExampleOpenSource() {
 		LastFailure: time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC),
 	}
 	// The second Write is a retry of the first: the reader keeps one.
-	sink.Write(ctx, []deadletter.DeadLetter{letter})
-	sink.Write(ctx, []deadletter.DeadLetter{letter})
+	sink.Write(ctx, []deadletter.Letter{letter})
+	sink.Write(ctx, []deadletter.Letter{letter})
 	sink.Close()
 
 	src, err := deadletter.OpenSource(ctx, "file://"+path)
 	if err != nil {
 		panic(err)
 	}
-	src.Read(ctx, func(l deadletter.DeadLetter) error {
+	src.Read(ctx, func(l deadletter.Letter) error {
 		fmt.Println(l.ID(), l.Class, l.Attempts, string(l.Record.Value))
 		return nil
 	})

@@ -88,7 +88,7 @@ func wholeLines(f *os.File) (int64, error) {
 }
 
 // Write implements Sink.
-func (s *FileSink) Write(ctx context.Context, letters []DeadLetter) error {
+func (s *FileSink) Write(ctx context.Context, letters []Letter) error {
 	if len(letters) == 0 {
 		return nil
 	}
@@ -169,7 +169,7 @@ func timePtr(t time.Time) *time.Time {
 	return &t
 }
 
-func toJSON(l DeadLetter) jsonLetter {
+func toJSON(l Letter) jsonLetter {
 	r := l.Record
 	j := jsonLetter{
 		Topic:        r.Topic,
@@ -196,7 +196,7 @@ func toJSON(l DeadLetter) jsonLetter {
 	return j
 }
 
-func (j jsonLetter) letter() DeadLetter {
+func (j jsonLetter) letter() Letter {
 	r := &kgo.Record{
 		Topic:     j.Topic,
 		Partition: j.Partition,
@@ -214,7 +214,7 @@ func (j jsonLetter) letter() DeadLetter {
 		}
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: h.Value})
 	}
-	l := DeadLetter{Record: r, Group: j.Group, Class: j.Class, Message: j.Message, Attempts: j.Attempts}
+	l := Letter{Record: r, Group: j.Group, Class: j.Class, Message: j.Message, Attempts: j.Attempts}
 	if j.FirstFailure != nil {
 		l.FirstFailure = *j.FirstFailure
 	}
@@ -226,7 +226,7 @@ func (j jsonLetter) letter() DeadLetter {
 
 // MarshalJSONLine encodes l as one line of the FileSink format, without the
 // trailing newline.
-func MarshalJSONLine(l DeadLetter) ([]byte, error) {
+func MarshalJSONLine(l Letter) ([]byte, error) {
 	if l.Record == nil {
 		return nil, errors.New("deadletter: dead letter without a record")
 	}
@@ -236,7 +236,7 @@ func MarshalJSONLine(l DeadLetter) ([]byte, error) {
 // fileSource reads a FileSink file.
 type fileSource struct{ path string }
 
-func (s fileSource) Read(ctx context.Context, fn func(DeadLetter) error) error {
+func (s fileSource) Read(ctx context.Context, fn func(Letter) error) error {
 	f, err := os.Open(s.path)
 	if err != nil {
 		return fmt.Errorf("deadletter: %w", err)

@@ -67,7 +67,7 @@ func TestFileSourceRejectsCorruptLine(t *testing.T) {
 	f.WriteString("not json\n")
 	f.Close()
 	src, _ := OpenSource(ctx, "file://"+path)
-	err = src.Read(ctx, func(DeadLetter) error { return nil })
+	err = src.Read(ctx, func(Letter) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Fatalf("Read = %v, want an error naming line 2", err)
 	}

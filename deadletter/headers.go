@@ -127,7 +127,7 @@ const springFQCNPrefix = "kpar.error."
 // EncodeHeaders returns the dead-letter headers that describe l in dialect
 // d: the headers a KafkaSink appends after the original record's headers.
 // Zero times are left out.
-func EncodeHeaders(l DeadLetter, d HeaderDialect) []kgo.RecordHeader {
+func EncodeHeaders(l Letter, d HeaderDialect) []kgo.RecordHeader {
 	r := l.Record
 	if r == nil {
 		r = new(kgo.Record)
@@ -246,7 +246,7 @@ var kparOwn = map[string]bool{
 //
 // A record with no dead-letter headers is returned as it is, with
 // ClassUnknown.
-func FromRecord(r *kgo.Record) DeadLetter {
+func FromRecord(r *kgo.Record) Letter {
 	d := dialectNone
 	for i := len(r.Headers) - 1; i >= 0 && d == dialectNone; i-- {
 		d = dialectOf(r.Headers[i].Key)
@@ -259,7 +259,7 @@ func FromRecord(r *kgo.Record) DeadLetter {
 		Offset:    r.Offset,
 		Timestamp: r.Timestamp,
 	}
-	l := DeadLetter{Record: orig, Class: ClassUnknown}
+	l := Letter{Record: orig, Class: ClassUnknown}
 	if d == dialectNone {
 		orig.Headers = r.Headers
 		orig.Attrs = r.Attrs

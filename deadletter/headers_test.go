@@ -37,7 +37,7 @@ func TestSourceDecodesConnectHeaders(t *testing.T) {
 		hdr(ConnectExceptionMessage, "Converting byte[] to Kafka Connect data failed due to serialization error"),
 		hdr(ConnectExceptionStacktrace, "org.apache.kafka.connect.errors.DataException: ...\n\tat ..."),
 	)
-	want := DeadLetter{
+	want := Letter{
 		Record: &kgo.Record{Topic: "orders", Partition: 2, Offset: 41, Key: []byte("key"), Value: []byte("value"),
 			Headers: []kgo.RecordHeader{hdr("trace", "t-1")}},
 		Group:       "connect-s3-sink",
@@ -69,7 +69,7 @@ func TestSourceDecodesStreamsHeaders(t *testing.T) {
 		hdr(StreamsPartition, "7"),
 		hdr(StreamsOffset, "123456"),
 	)
-	want := DeadLetter{
+	want := Letter{
 		Record: &kgo.Record{Topic: "clicks", Partition: 7, Offset: 123456, Key: []byte("key"), Value: []byte("value"),
 			Timestamp: origTS},
 		Class:   ClassPermanent,
@@ -108,7 +108,7 @@ func TestSourceDecodesSpringHeaders(t *testing.T) {
 		hdr(SpringOriginalTimestampType, "CreateTime"),
 		hdr(SpringOriginalConsumerGroup, "orders-svc"),
 	)
-	want := DeadLetter{
+	want := Letter{
 		Record: &kgo.Record{Topic: "orders-retry-1", Partition: 4, Offset: 1 << 40, Key: []byte("key"), Value: []byte("value"),
 			Timestamp: origTS,
 			Headers:   []kgo.RecordHeader{hdr("traceparent", "00-abc-def-01"), hdr(SpringRetryAttempts, be32(3))}},
@@ -191,7 +191,7 @@ func TestDeadLetterClassFromException(t *testing.T) {
 // TestDeadLetterHeadersOmitUnknownTimes: zero times are left out, and
 // decode back as zero.
 func TestDeadLetterHeadersOmitUnknownTimes(t *testing.T) {
-	l := DeadLetter{Record: &kgo.Record{Topic: "t", Partition: 1, Offset: 2}, Class: ClassPermanent, Message: "m"}
+	l := Letter{Record: &kgo.Record{Topic: "t", Partition: 1, Offset: 2}, Class: ClassPermanent, Message: "m"}
 	for _, d := range []HeaderDialect{Kpar, Spring} {
 		hs := EncodeHeaders(l, d)
 		for _, h := range hs {

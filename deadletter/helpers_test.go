@@ -3,17 +3,12 @@ package deadletter
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -53,41 +48,6 @@ func kafkaURL(c *kfake.Cluster, topic string) string {
 	return "kafka://" + strings.Join(c.ListenAddrs(), ",") + "/" + topic
 }
 
-// postgresDSN is KPAR_TEST_POSTGRES, or the test is skipped.
-func postgresDSN(t *testing.T) string {
-	t.Helper()
-	dsn := os.Getenv("KPAR_TEST_POSTGRES")
-	if dsn == "" {
-		t.Skip("KPAR_TEST_POSTGRES is unset: set it to a PostgreSQL DSN (scripts/test.sh starts a server and sets it)")
-	}
-	return dsn
-}
-
-var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
-
-// uniqueTable names a table for this test only and drops it afterwards.
-func uniqueTable(t *testing.T, dsn string) string {
-	t.Helper()
-	b := make([]byte, 4)
-	rand.Read(b)
-	name := nonIdent.ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	name = "t_" + strings.Trim(name, "_") + "_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return
-		}
-		defer conn.Close(ctx)
-		conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
-	})
-	return name
-}
-
 // closedPort is a loopback address nothing listens on.
 func closedPort(t *testing.T) string {
 	t.Helper()
@@ -113,7 +73,7 @@ func ms(s string) time.Time {
 // corner: nil versus empty key and value, binary bytes, no headers,
 // duplicate header keys, nil and empty header values, a header key that is
 // not UTF-8, unknown failure times, every class.
-func sampleLetters(topic string) []DeadLetter {
+func sampleLetters(topic string) []Letter {
 	bin := []byte{0x00, 0xff, 0x10, '\n', '"', 0x80}
 	mk := func(p int32, o int64, key, val []byte, hs ...kgo.RecordHeader) *kgo.Record {
 		return &kgo.Record{Topic: topic, Partition: p, Offset: o, Key: key, Value: val, Headers: hs,
@@ -121,7 +81,7 @@ func sampleLetters(topic string) []DeadLetter {
 	}
 	h := func(k string, v []byte) kgo.RecordHeader { return kgo.RecordHeader{Key: k, Value: v} }
 	first, last := ms("2024-05-06T08:00:00.001Z"), ms("2024-05-06T08:00:05.999Z")
-	return []DeadLetter{
+	return []Letter{
 		{Record: mk(0, 10, []byte("k0"), []byte("v0"), h("trace", []byte("abc"))),
 			Group: "billing", Class: ClassExhausted, Message: "charge failed: card 1234 declined", Attempts: 5, FirstFailure: first, LastFailure: last},
 		{Record: mk(0, 11, nil, nil),
@@ -136,10 +96,10 @@ func sampleLetters(topic string) []DeadLetter {
 }
 
 // readAll reads every dead letter of src.
-func readAll(t *testing.T, ctx context.Context, src Source) []DeadLetter {
+func readAll(t *testing.T, ctx context.Context, src Source) []Letter {
 	t.Helper()
-	var got []DeadLetter
-	if err := src.Read(ctx, func(l DeadLetter) error {
+	var got []Letter
+	if err := src.Read(ctx, func(l Letter) error {
 		got = append(got, l)
 		return nil
 	}); err != nil {
@@ -150,7 +110,7 @@ func readAll(t *testing.T, ctx context.Context, src Source) []DeadLetter {
 
 // diffLetter describes how got differs from want, "" when they are equal:
 // bytes compared exactly, nil and empty told apart, times by instant.
-func diffLetter(want, got DeadLetter) string {
+func diffLetter(want, got Letter) string {
 	var d []string
 	f := func(format string, a ...any) { d = append(d, fmt.Sprintf(format, a...)) }
 	w, g := want.Record, got.Record
@@ -194,9 +154,9 @@ func sameBytes(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equa
 
 // checkSameLetters checks that got holds exactly want, each once, and that
 // the letters of each original partition come in the order written.
-func checkSameLetters(t *testing.T, want, got []DeadLetter) {
+func checkSameLetters(t *testing.T, want, got []Letter) {
 	t.Helper()
-	byID := make(map[string]DeadLetter)
+	byID := make(map[string]Letter)
 	for _, l := range want {
 		byID[l.ID()] = l
 	}

@@ -106,7 +106,7 @@ func NewKafkaSink(cl *kgo.Client, opts ...KafkaOption) *KafkaSink {
 var _ Sink = (*KafkaSink)(nil)
 
 // Write implements Sink.
-func (s *KafkaSink) Write(ctx context.Context, letters []DeadLetter) error {
+func (s *KafkaSink) Write(ctx context.Context, letters []Letter) error {
 	if len(letters) == 0 {
 		return nil
 	}

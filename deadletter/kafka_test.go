@@ -32,8 +32,8 @@ func rawRecords(t *testing.T, ctx context.Context, c *kfake.Cluster, topic strin
 	return out
 }
 
-func letterAt(topic string, p int32, o int64) DeadLetter {
-	return DeadLetter{
+func letterAt(topic string, p int32, o int64) Letter {
+	return Letter{
 		Record: &kgo.Record{Topic: topic, Partition: p, Offset: o, Key: []byte("k"), Value: []byte("v"),
 			Timestamp: ms("2024-02-03T04:05:06.789Z")},
 		Group: "g", Class: ClassExhausted, Message: "failed", Attempts: 4,
@@ -54,7 +54,7 @@ func TestKafkaSinkPartitionMapping(t *testing.T) {
 			ctx := testCtx(t)
 			c := newCluster(t, kfake.SeedTopics(tc.dlqParts, "orders.dlq"))
 			sink := NewKafkaSink(newClient(t, c))
-			var letters []DeadLetter
+			var letters []Letter
 			for p := range int32(6) {
 				for o := range int64(3) {
 					letters = append(letters, letterAt("orders", p, o))
@@ -87,7 +87,7 @@ func TestKafkaSinkKparHeaders(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "orders.dlq"))
 	l := letterAt("orders", 0, 42)
 	l.Record.Headers = []kgo.RecordHeader{{Key: "trace", Value: []byte("t1")}}
-	if err := NewKafkaSink(newClient(t, c)).Write(ctx, []DeadLetter{l}); err != nil {
+	if err := NewKafkaSink(newClient(t, c)).Write(ctx, []Letter{l}); err != nil {
 		t.Fatal(err)
 	}
 	recs := rawRecords(t, ctx, c, "orders.dlq")
@@ -224,7 +224,7 @@ func TestKafkaSinkTopicOptions(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(1, "all-dead"))
 	sink := NewKafkaSink(newClient(t, c), TopicName("all-dead"))
-	want := []DeadLetter{letterAt("a", 0, 1), letterAt("b", 3, 2)}
+	want := []Letter{letterAt("a", 0, 1), letterAt("b", 3, 2)}
 	if err := sink.Write(ctx, want); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestKafkaSinkMissingTopic(t *testing.T) {
 	t.Run("NoAutoCreate", func(t *testing.T) {
 		ctx := testCtx(t)
 		c := newCluster(t)
-		err := NewKafkaSink(newClient(t, c)).Write(ctx, []DeadLetter{letterAt("orders", 0, 1)})
+		err := NewKafkaSink(newClient(t, c)).Write(ctx, []Letter{letterAt("orders", 0, 1)})
 		if err == nil || !strings.Contains(err.Error(), `"orders.dlq"`) || !errors.Is(err, kerr.UnknownTopicOrPartition) {
 			t.Fatalf("Write = %v, want UNKNOWN_TOPIC_OR_PARTITION naming orders.dlq", err)
 		}
@@ -248,7 +248,7 @@ func TestKafkaSinkMissingTopic(t *testing.T) {
 		ctx := testCtx(t)
 		c := newCluster(t, kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(2))
 		sink := NewKafkaSink(newClient(t, c, kgo.AllowAutoTopicCreation()))
-		want := []DeadLetter{letterAt("orders", 0, 1), letterAt("orders", 3, 1)}
+		want := []Letter{letterAt("orders", 0, 1), letterAt("orders", 3, 1)}
 		if err := sink.Write(ctx, want); err != nil {
 			t.Fatal(err)
 		}
@@ -267,7 +267,7 @@ func TestKafkaSinkOutage(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(2, "orders.dlq"))
 	sink := NewKafkaSink(newClient(t, c, kgo.MetadataMinAge(100*time.Millisecond)))
-	letters := []DeadLetter{letterAt("orders", 0, 1), letterAt("orders", 1, 1)}
+	letters := []Letter{letterAt("orders", 0, 1), letterAt("orders", 1, 1)}
 
 	fault := c.Fault(kfake.Fault{
 		Keys:  []kmsg.Key{kmsg.Produce},

@@ -24,7 +24,7 @@ type replayCfg struct {
 	to       string
 	runID    string
 	state    string
-	filter   func(DeadLetter) bool
+	filter   func(Letter) bool
 	dryRun   bool
 	onLetter func(ReplayEvent)
 	batch    int
@@ -48,7 +48,7 @@ func StateFile(path string) ReplayOption { return replayOpt{func(c *replayCfg) {
 
 // Filter replays only the dead letters fn accepts, overriding the default
 // of all.
-func Filter(fn func(DeadLetter) bool) ReplayOption {
+func Filter(fn func(Letter) bool) ReplayOption {
 	return replayOpt{func(c *replayCfg) { c.filter = fn }}
 }
 
@@ -68,7 +68,7 @@ func ReplayBatch(n int) ReplayOption { return replayOpt{func(c *replayCfg) { c.b
 
 // ReplayEvent is one dead letter as Replay handles it.
 type ReplayEvent struct {
-	Letter    DeadLetter
+	Letter    Letter
 	Topic     string // where it goes
 	Partition int32  // the partition it goes to, -1 when unknown (DryRun without a client)
 	Skipped   bool   // already replayed by this run id: not sent again
@@ -176,7 +176,7 @@ type replayer struct {
 	ids    []string
 }
 
-func (r *replayer) add(l DeadLetter) error {
+func (r *replayer) add(l Letter) error {
 	r.rep.Read++
 	if r.cfg.filter != nil && !r.cfg.filter(l) {
 		r.rep.Filtered++

@@ -14,7 +14,7 @@ import (
 )
 
 // fileSourceOf writes letters to a new file and opens it as a Source.
-func fileSourceOf(t *testing.T, ctx context.Context, letters []DeadLetter) Source {
+func fileSourceOf(t *testing.T, ctx context.Context, letters []Letter) Source {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "dlq.jsonl")
 	s, err := NewFileSink(path)
@@ -35,9 +35,9 @@ func fileSourceOf(t *testing.T, ctx context.Context, letters []DeadLetter) Sourc
 // replayedIDs returns the HeaderReplayedFrom of every record in topic, and
 // checks that each replayed record carries its dead letter's key, value and
 // headers, on the original's partition.
-func replayedIDs(t *testing.T, ctx context.Context, c *kfake.Cluster, topic string, letters []DeadLetter) []string {
+func replayedIDs(t *testing.T, ctx context.Context, c *kfake.Cluster, topic string, letters []Letter) []string {
 	t.Helper()
-	byID := make(map[string]DeadLetter)
+	byID := make(map[string]Letter)
 	for _, l := range letters {
 		byID[l.ID()] = l
 	}
@@ -55,7 +55,7 @@ func replayedIDs(t *testing.T, ctx context.Context, c *kfake.Cluster, topic stri
 		want.Headers = append(append([]kgo.RecordHeader{}, l.Record.Headers...), r.Headers[n-2:]...)
 		got := *r
 		got.Topic, got.Partition, got.Offset, got.Timestamp = want.Topic, want.Partition, want.Offset, want.Timestamp
-		if d := diffLetter(DeadLetter{Record: &want}, DeadLetter{Record: &got}); d != "" {
+		if d := diffLetter(Letter{Record: &want}, Letter{Record: &got}); d != "" {
 			t.Errorf("replayed %s: %s", id, d)
 		}
 		if r.Partition != l.Record.Partition {
@@ -78,7 +78,7 @@ func TestDeadLetterReplayOncePerRun(t *testing.T) {
 
 	var events []ReplayEvent
 	rep, err := Replay(ctx, src, cl, RunID("run-1"), StateFile(state), ReplayBatch(2),
-		Filter(func(l DeadLetter) bool { return l.Class != ClassPanic }),
+		Filter(func(l Letter) bool { return l.Class != ClassPanic }),
 		OnLetter(func(e ReplayEvent) { events = append(events, e) }))
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestDeadLetterReplayOncePerRun(t *testing.T) {
 
 	// The same run again sends nothing; the filter widened sends the rest.
 	rep, err = Replay(ctx, src, cl, RunID("run-1"), StateFile(state),
-		Filter(func(l DeadLetter) bool { return l.Class != ClassPanic }))
+		Filter(func(l Letter) bool { return l.Class != ClassPanic }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestDeadLetterReplayRecoversInDoubtBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sent []*kgo.Record
-	for _, l := range []DeadLetter{letters[0], letters[1], letters[3]} {
+	for _, l := range []Letter{letters[0], letters[1], letters[3]} {
 		sent = append(sent, &kgo.Record{Topic: "orders", Partition: l.Record.Partition, Key: l.Record.Key, Value: l.Record.Value,
 			Headers: append(append([]kgo.RecordHeader{}, l.Record.Headers...),
 				kgo.RecordHeader{Key: HeaderReplayedFrom, Value: []byte(l.ID())},

@@ -3,9 +3,7 @@ package deadletter
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 
@@ -19,9 +17,6 @@ type sinkCase struct {
 	// open returns a new, empty sink and the URL of the Source that reads
 	// what it writes.
 	open func(t *testing.T, ctx context.Context) (Sink, string)
-	// idempotent: writing a batch twice stores it once (otherwise the
-	// reader drops the copies).
-	idempotent bool
 }
 
 func sinkCases() []sinkCase {
@@ -45,29 +40,7 @@ func sinkCases() []sinkCase {
 				return s, "file://" + path
 			},
 		},
-		{
-			name:       "postgres",
-			idempotent: true,
-			open: func(t *testing.T, ctx context.Context) (Sink, string) {
-				dsn := postgresDSN(t)
-				table := uniqueTable(t, dsn)
-				s, err := OpenPostgresSink(ctx, dsn, Table(table))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(s.Close)
-				return s, withTable(dsn, table)
-			},
-		},
 	}
-}
-
-func withTable(dsn, table string) string {
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	return dsn + sep + TableParam + "=" + url.QueryEscape(table)
 }
 
 // TestSinkSuite runs one behavioural suite against every sink: what Write
@@ -115,7 +88,7 @@ func TestSinkSuite(t *testing.T) {
 				l := sampleLetters("orders")[0]
 				again := l
 				again.Message, again.Attempts = "a later failure", 9
-				for _, b := range [][]DeadLetter{{l}, {again}} {
+				for _, b := range [][]Letter{{l}, {again}} {
 					if err := sink.Write(ctx, b); err != nil {
 						t.Fatalf("Write: %v", err)
 					}
@@ -124,7 +97,7 @@ func TestSinkSuite(t *testing.T) {
 				if err != nil {
 					t.Fatalf("OpenSource: %v", err)
 				}
-				checkSameLetters(t, []DeadLetter{l}, readAll(t, ctx, src))
+				checkSameLetters(t, []Letter{l}, readAll(t, ctx, src))
 			})
 
 			t.Run("EmptyBatch", func(t *testing.T) {
@@ -133,26 +106,24 @@ func TestSinkSuite(t *testing.T) {
 				if err := sink.Write(ctx, nil); err != nil {
 					t.Fatalf("Write(nil): %v", err)
 				}
-				if sc.name == "kafka" || sc.name == "file" {
-					src, err := OpenSource(ctx, url)
-					if err != nil {
-						t.Fatalf("OpenSource: %v", err)
-					}
-					if got := readAll(t, ctx, src); len(got) != 0 {
-						t.Fatalf("read %d letters from an empty sink", len(got))
-					}
+				src, err := OpenSource(ctx, url)
+				if err != nil {
+					t.Fatalf("OpenSource: %v", err)
+				}
+				if got := readAll(t, ctx, src); len(got) != 0 {
+					t.Fatalf("read %d letters from an empty sink", len(got))
 				}
 			})
 
 			t.Run("ConcurrentWrites", func(t *testing.T) {
 				ctx := testCtx(t)
 				sink, url := sc.open(t, ctx)
-				var want []DeadLetter
-				var batches [][]DeadLetter
+				var want []Letter
+				var batches [][]Letter
 				for w := range 4 {
-					var b []DeadLetter
+					var b []Letter
 					for i := range 25 {
-						b = append(b, DeadLetter{
+						b = append(b, Letter{
 							Record: &kgo.Record{Topic: "orders", Partition: int32(w), Offset: int64(i),
 								Key: []byte(fmt.Sprint(i)), Value: []byte("v"), Timestamp: ms("2024-01-01T00:00:00Z")},
 							Group: "g", Class: ClassExhausted, Message: "m", Attempts: 2, LastFailure: ms("2024-01-01T00:00:01Z"),
@@ -213,7 +184,7 @@ func TestSinkSuite(t *testing.T) {
 				}
 				stop := fmt.Errorf("enough")
 				n := 0
-				err = src.Read(ctx, func(DeadLetter) error {
+				err = src.Read(ctx, func(Letter) error {
 					n++
 					return stop
 				})

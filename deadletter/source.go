@@ -22,17 +22,17 @@ import (
 //   - file://PATH reads a FileSink file; PATH is everything after file://,
 //     so file:///var/dlq.jsonl is absolute and file://dlq.jsonl relative.
 //     A torn last line (crash mid-write) is ignored.
-//   - postgres://... or postgresql://... reads a PostgresSink table in
-//     insertion order. The URL is the connection string; the query
-//     parameter kpar_table (TableParam) names the table, default
-//     kpar_dead_letters.
+//
+// PostgreSQL tables are read by OpenSource of the module
+// github.com/kpar/kpar/deadletter/pgsink, which keeps the driver out of
+// programs that do not need it.
 //
 // Every source drops later copies of a letter it already passed on (same
 // original topic, partition and offset), keeping the first.
 func OpenSource(ctx context.Context, rawURL string) (Source, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return nil, fmt.Errorf("deadletter: source %q: want kafka://, file://, postgres:// or postgresql://", rawURL)
+		return nil, fmt.Errorf("deadletter: source %q: want kafka:// or file://", rawURL)
 	}
 	switch strings.ToLower(scheme) {
 	case "kafka":
@@ -47,9 +47,9 @@ func OpenSource(ctx context.Context, rawURL string) (Source, error) {
 		}
 		return fileSource{path: rest}, nil
 	case "postgres", "postgresql":
-		return newPGSource(rawURL)
+		return nil, fmt.Errorf("deadletter: source %q: PostgreSQL sources are opened by pgsink.OpenSource (module github.com/kpar/kpar/deadletter/pgsink)", rawURL)
 	}
-	return nil, fmt.Errorf("deadletter: source %q: unknown scheme %q (want kafka, file, postgres or postgresql)", rawURL, scheme)
+	return nil, fmt.Errorf("deadletter: source %q: unknown scheme %q (want kafka or file)", rawURL, scheme)
 }
 
 // ParseKafkaURL splits kafka://HOST:PORT[,HOST:PORT...]/TOPIC[,TOPIC...]
@@ -147,7 +147,7 @@ type topicPartition struct {
 
 // Read implements Source: partitions are read concurrently by one client,
 // each in offset order.
-func (s *kafkaSource) Read(ctx context.Context, fn func(DeadLetter) error) error {
+func (s *kafkaSource) Read(ctx context.Context, fn func(Letter) error) error {
 	fn = dedupe(fn)
 	return readPartitions(ctx, s.opts, s.start, s.end, func(r *kgo.Record) error {
 		return fn(FromRecord(r))

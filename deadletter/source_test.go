@@ -14,7 +14,7 @@ func TestSourceKafkaStopsAtOpenHighWatermark(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(3, "orders.dlq"))
 	sink := NewKafkaSink(newClient(t, c))
-	first := []DeadLetter{letterAt("orders", 0, 1), letterAt("orders", 1, 1), letterAt("orders", 1, 2)}
+	first := []Letter{letterAt("orders", 0, 1), letterAt("orders", 1, 1), letterAt("orders", 1, 2)}
 	if err := sink.Write(ctx, first); err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +22,7 @@ func TestSourceKafkaStopsAtOpenHighWatermark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	later := []DeadLetter{letterAt("orders", 0, 2), letterAt("orders", 2, 1)}
+	later := []Letter{letterAt("orders", 0, 2), letterAt("orders", 2, 1)}
 	if err := sink.Write(ctx, later); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestSourceKafkaEndsAtTransactionMarker(t *testing.T) {
 	if err := cl.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	want := []DeadLetter{letterAt("orders", 0, 1), letterAt("orders", 0, 2)}
+	want := []Letter{letterAt("orders", 0, 1), letterAt("orders", 0, 2)}
 	if err := NewKafkaSink(cl).Write(ctx, want); err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestOpenSourceRejectsBadURLs(t *testing.T) {
 		"kafka://127.0.0.1:9092",
 		"kafka:///topic",
 		"file://",
-		"postgres://u@h/db?kpar_table=bad-name",
+		"postgres://u@h/db", // pgsink.OpenSource reads these
 		kafkaURL(c, "missing"),
 	} {
 		if _, err := OpenSource(ctx, u); err == nil {

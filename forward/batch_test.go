@@ -198,12 +198,12 @@ func TestForwardBatchCarriesTraceContext(t *testing.T) {
 // whose order matters, and each key's (partition's) records are delivered
 // in offset order, first attempts failing now and then included.
 func TestForwardBatchesKeepKparOrdering(t *testing.T) {
-	for _, mode := range []kpar.Ordering{kpar.Key, kpar.Partition} {
+	for _, mode := range []kpar.Order{kpar.ByKey, kpar.ByPartition} {
 		t.Run(mode.String(), func(t *testing.T) { testBatchOrdering(t, mode) })
 	}
 }
 
-func testBatchOrdering(t *testing.T, mode kpar.Ordering) {
+func testBatchOrdering(t *testing.T, mode kpar.Order) {
 	const topic, partitions, keys, n = "events", 4, 24, 1200
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -219,7 +219,7 @@ func testBatchOrdering(t *testing.T, mode kpar.Ordering) {
 		key       string
 	}
 	lane := func(r BatchRecord) orderKey {
-		if mode == kpar.Partition {
+		if mode == kpar.ByPartition {
 			return orderKey{partition: r.Partition}
 		}
 		return orderKey{r.Partition, string(r.Key)}
@@ -269,7 +269,7 @@ func testBatchOrdering(t *testing.T, mode kpar.Ordering) {
 	h := newHandler(t, srv.URL, Batch(16, 2*time.Millisecond), Concurrency(64))
 	cons, err := kpar.New(h,
 		kpar.Brokers(c.ListenAddrs()...), kpar.Group("g"), kpar.Topics(topic),
-		kpar.WithOrdering(mode), kpar.Concurrency(64), kpar.MaxAttempts(5),
+		kpar.Ordering(mode), kpar.Concurrency(64), kpar.MaxAttempts(5),
 		kpar.RetryBackoff(time.Millisecond, 5*time.Millisecond),
 		kpar.WithLogger(slog.New(slog.DiscardHandler)),
 		kpar.ClientOptions(kgo.FetchMaxWait(100*time.Millisecond)),

@@ -41,7 +41,7 @@ func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 
 // newConsumer returns a Consumer on topic observed by m, as the kpar forward
 // command wires it.
-func newConsumer(t testing.TB, c *kfake.Cluster, m *kparprom.Metrics, group, topic string, h kpar.HandlerFunc, extra ...kpar.Opt) *kpar.Consumer {
+func newConsumer(t testing.TB, c *kfake.Cluster, m *kparprom.Metrics, group, topic string, h kpar.HandlerFunc, extra ...kpar.ConsumerOpt) *kpar.Consumer {
 	t.Helper()
 	copts := append([]kgo.Opt{
 		kgo.SeedBrokers(c.ListenAddrs()...),
@@ -50,7 +50,7 @@ func newConsumer(t testing.TB, c *kfake.Cluster, m *kparprom.Metrics, group, top
 		kgo.RebalanceTimeout(5 * time.Second),
 		kgo.FetchMaxWait(100 * time.Millisecond),
 	}, m.ClientOpts()...)
-	cons, err := kpar.New(h, append([]kpar.Opt{
+	cons, err := kpar.New(h, append([]kpar.ConsumerOpt{
 		kpar.Group(group),
 		kpar.Topics(topic),
 		kpar.CommitInterval(50 * time.Millisecond),
@@ -195,10 +195,10 @@ func collectorGatherer(t testing.TB, c prometheus.Collector) prometheus.Gatherer
 type memSink struct {
 	mu        sync.Mutex
 	failFirst int
-	letters   []deadletter.DeadLetter
+	letters   []deadletter.Letter
 }
 
-func (s *memSink) Write(_ context.Context, ls []deadletter.DeadLetter) error {
+func (s *memSink) Write(_ context.Context, ls []deadletter.Letter) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failFirst > 0 {

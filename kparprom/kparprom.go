@@ -8,7 +8,7 @@
 //		kpar.WithHooks(m),                      // records, commits, rebalances
 //		kpar.ClientOptions(m.ClientOpts()...),  // client metrics, lag, readiness
 //		...)
-//	m.Registry().MustRegister(m.PartitionCollector(c.Partitions))
+//	m.Registry().MustRegister(m.PartitionCollector(c.Partitions), m.OverdueCollector(c.Overdue))
 //	http.Handle("/metrics", m.Handler())
 //
 // Counters and the latency histogram are updated by the hooks as records
@@ -290,7 +290,7 @@ func (m *Metrics) OnRecordStuck(topic string, partition int32, offset int64, _ i
 }
 
 // OnDeadLettered implements kpar.HookDeadLettered.
-func (m *Metrics) OnDeadLettered(l deadletter.DeadLetter) {
+func (m *Metrics) OnDeadLettered(l deadletter.Letter) {
 	if l.Record == nil {
 		return
 	}

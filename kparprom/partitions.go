@@ -315,3 +315,19 @@ func (s *stuckRecords) reset() {
 	defer s.mu.Unlock()
 	s.held = nil
 }
+
+// OverdueCollector returns a collector of one gauge, read at scrape time
+// from overdue (kpar.Consumer.Overdue):
+//
+//	<ns>_attempts_overdue    handler attempts running past AttemptTimeout at the last check
+//
+// Handlers that ignore their context keep their worker past AttemptTimeout;
+// kpar does not replace them, so this shows how many workers are lost to
+// them. Register it beside PartitionCollector.
+func (m *Metrics) OverdueCollector(overdue func() int) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: m.cfg.namespace,
+		Name:      "attempts_overdue",
+		Help:      "Handler attempts running past AttemptTimeout at the last check (their workers are busy).",
+	}, func() float64 { return float64(overdue()) })
+}

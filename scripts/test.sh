@@ -3,7 +3,8 @@
 # Installs what the tests need when it is missing (kcat, PostgreSQL,
 # Chromium for the status-page test),
 # starts a PostgreSQL server on 127.0.0.1 for the dead-letter tests, then
-# runs `go test -race ./...` with any extra arguments passed through.
+# runs `go test -race` over every module of go.work (./... from the root
+# covers the root module only) with any extra arguments passed through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,5 +40,11 @@ if [ -z "${KPAR_TEST_POSTGRES:-}" ] && ls /usr/lib/postgresql/*/bin/pg_ctl >/dev
 fi
 
 # -count=1: CI runs every test, never a cached result. KPAR_TEST_PKGS narrows
-# the packages (default ./...); extra arguments go to go test and win.
-go test -race -count=1 -timeout 15m "$@" ${KPAR_TEST_PKGS:-./...}
+# the packages (default: ./... of every module, run from the repository
+# root); extra arguments go to go test and win.
+if [ -n "${KPAR_TEST_PKGS:-}" ]; then
+  exec go test -race -count=1 -timeout 15m "$@" $KPAR_TEST_PKGS
+fi
+pkgs=()
+for dir in $(./scripts/modules.sh); do pkgs+=("$dir/..."); done
+go test -race -count=1 -timeout 15m "$@" "${pkgs[@]}"

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kpar/kpar/bench"
+	"github.com/kpar/kpar/cmd/kpar/bench"
 )
 
 // benchChildFlag is the hidden first argument that makes `kpar bench` the

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kpar/kpar/bench"
+	"github.com/kpar/kpar/cmd/kpar/bench"
 )
 
 func runBench(t *testing.T, args ...string) (code int, stdout, stderr string) {

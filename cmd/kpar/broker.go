@@ -7,7 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/kpar/kpar/internal/embedded"
+	"github.com/kpar/kpar/cmd/kpar/internal/embedded"
 )
 
 // cmdBroker runs a single Kafka-compatible broker (franz-go's kfake) on a

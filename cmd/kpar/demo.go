@@ -8,20 +8,15 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"os"
-	"slices"
-	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"golang.org/x/term"
 
 	"github.com/kpar/kpar"
-	"github.com/kpar/kpar/internal/embedded"
+	"github.com/kpar/kpar/cmd/kpar/internal/embedded"
+	"github.com/kpar/kpar/internal/ledger"
 )
 
 // demoTopic and demoGroup name what the demo creates on its own broker.
@@ -72,7 +67,8 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 	partitions := fs.Int("partitions", 8, "partitions of the demo topic")
 	keys := fs.Int("keys", 1000, "distinct record keys")
 	concurrency := fs.Int("concurrency", 256, "records handled at once (the library's default is 64; the simulated handler mostly waits, so the demo uses more and its default run takes seconds)")
-	ordering := fs.String("ordering", "key", "what runs in order: `key` (per key and partition), partition, or unordered")
+	var ord kpar.Order
+	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order: `key` (per key and partition), partition, or unordered")
 	maxLatency := fs.Duration("max-latency", 5*time.Millisecond, "longest simulated handling; each attempt waits a uniformly random time from 0 to this")
 	failRate := fs.Float64("fail-rate", 0, "fraction of attempts that fail and are retried, from 0 to below 1")
 	jsonOut := fs.Bool("json", false, "print the summary as one JSON object with the keys produced, handled, duplicates, lost, order_violations and seconds")
@@ -81,10 +77,6 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 	}
 	if fs.NArg() > 0 {
 		return fs.usageError("unexpected argument %q", fs.Arg(0))
-	}
-	ord, err := kpar.ParseOrdering(*ordering)
-	if err != nil {
-		return fs.usageError("invalid --ordering %q: use key, partition or unordered", *ordering)
 	}
 	switch {
 	case *records < 1 || *records > 10_000_000:
@@ -109,7 +101,7 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 		ordering:    ord,
 		maxLatency:  *maxLatency,
 		failRate:    *failRate,
-		ledger:      newLedger(*records, *keys),
+		ledger:      ledger.New(ledger.ByKey, int64(*records)), // key order, in every mode: unordered shows what it costs
 		commits:     &commitTracker{topic: demoTopic, offsets: map[int32]int64{}},
 	}
 	sum, err := d.run(ctx, stderr)
@@ -134,11 +126,11 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 // demo is one run of `kpar demo`.
 type demo struct {
 	records, partitions, keys, concurrency int
-	ordering                               kpar.Ordering
+	ordering                               kpar.Order
 	maxLatency                             time.Duration
 	failRate                               float64
 
-	ledger   *ledger
+	ledger   *ledger.Ledger
 	commits  *commitTracker
 	produced atomic.Int64 // records the broker acknowledged
 	failures atomic.Int64 // simulated failed attempts
@@ -194,7 +186,7 @@ func (d *demo) run(ctx context.Context, stderr io.Writer) (*demoSummary, error) 
 		kpar.Group(demoGroup),
 		kpar.Topics(demoTopic),
 		kpar.Concurrency(d.concurrency),
-		kpar.WithOrdering(d.ordering),
+		kpar.Ordering(d.ordering),
 		// Short backoffs, so that --fail-rate shows retries without
 		// stalling a key for seconds.
 		kpar.RetryBackoff(5*time.Millisecond, 250*time.Millisecond),
@@ -228,7 +220,7 @@ loop:
 		select {
 		case <-ticker.C:
 			view.draw(d.progress(start, consumer.Partitions()))
-		case <-d.ledger.all:
+		case <-d.ledger.AllHandled():
 			finished = true
 			break loop
 		case <-ctx.Done():
@@ -275,7 +267,8 @@ loop:
 	elapsed := time.Since(start)
 	view.finish(d.progress(start, nil))
 
-	handled, duplicates, violations := d.ledger.counts()
+	rep := d.ledger.Report()
+	handled, duplicates, violations := rep.Handled, rep.Duplicates, rep.OrderViolations
 	sum := &demoSummary{
 		Produced:        d.produced.Load(),
 		Handled:         handled,
@@ -287,50 +280,15 @@ loop:
 		lost := sum.Produced - handled
 		sum.Lost = &lost
 	}
+	if ctx.Err() != nil && errors.Is(runErr, kpar.ErrShutdownTimeout) {
+		// Interrupted with a backlog: the summary says what was handled,
+		// and the rest is simply left for the next run.
+		runErr = nil
+	}
 	if runErr != nil {
 		runErr = fmt.Errorf("consuming: %w", runErr)
 	}
 	return sum, errors.Join(prodErr, runErr)
-}
-
-// produce produces the demo's records and waits for their acknowledgement.
-func (d *demo) produce(ctx context.Context, cl *kgo.Client) error {
-	failed := make(chan error, 1)
-	for i := range d.records {
-		key, seq := i%d.keys, i/d.keys
-		r := &kgo.Record{
-			Topic: demoTopic,
-			Key:   []byte("key-" + strconv.Itoa(key)),
-			Value: fmt.Appendf(nil, "key=%d seq=%d", key, seq),
-		}
-		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
-			if err != nil {
-				select {
-				case failed <- err:
-				default:
-				}
-				return
-			}
-			d.produced.Add(1)
-		})
-		select {
-		case err := <-failed:
-			return err
-		default:
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-	}
-	if err := cl.Flush(ctx); err != nil {
-		return err
-	}
-	select {
-	case err := <-failed:
-		return err
-	default:
-		return nil
-	}
 }
 
 // handle is the simulated handler.
@@ -348,353 +306,6 @@ func (d *demo) handle(ctx context.Context, r *kgo.Record) error {
 		d.failures.Add(1)
 		return errSimulated
 	}
-	d.ledger.handled(r.Value)
+	d.ledger.Handled(r)
 	return nil
-}
-
-// ledger records every successful handling of the demo's records. Record i
-// has key i mod keys and sequence number i / keys within its key, so the
-// value "key=<k> seq=<n>" names record n*keys + k.
-type ledger struct {
-	keys  int
-	total int
-	all   chan struct{} // closed once every record was handled
-
-	mu         sync.Mutex // guards the fields below; handlers call in concurrently
-	times      []uint32   // successful handlings per record
-	next       []int      // per key: the lowest sequence number not handled yet
-	distinct   int64      // records handled at least once
-	duplicates int64      // successful handlings after a record's first
-	violations int64      // first handlings that overtook an earlier record of their key
-}
-
-func newLedger(records, keys int) *ledger {
-	return &ledger{
-		keys:  keys,
-		total: records,
-		all:   make(chan struct{}),
-		times: make([]uint32, records),
-		next:  make([]int, keys),
-	}
-}
-
-// handled records a successful handling of the record with this value.
-// Values the demo did not produce are ignored.
-func (l *ledger) handled(value []byte) {
-	key, seq, ok := parseDemoValue(value)
-	if !ok || key >= l.keys || seq >= l.total || seq*l.keys+key >= l.total {
-		return
-	}
-	i := seq*l.keys + key
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.times[i]++
-	if l.times[i] > 1 {
-		l.duplicates++
-		return
-	}
-	l.distinct++
-	if seq != l.next[key] { // an earlier record of this key is not handled yet
-		l.violations++
-	}
-	for n := l.next[key]; ; n++ {
-		if j := n*l.keys + key; j >= l.total || l.times[j] == 0 {
-			l.next[key] = n
-			break
-		}
-	}
-	if l.distinct == int64(l.total) {
-		close(l.all)
-	}
-}
-
-func (l *ledger) counts() (handled, duplicates, violations int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.distinct, l.duplicates, l.violations
-}
-
-// parseDemoValue parses "key=<k> seq=<n>".
-func parseDemoValue(v []byte) (key, seq int, ok bool) {
-	k, s, ok := strings.Cut(string(v), " ")
-	if !ok {
-		return 0, 0, false
-	}
-	k, ok1 := strings.CutPrefix(k, "key=")
-	s, ok2 := strings.CutPrefix(s, "seq=")
-	key, err1 := strconv.Atoi(k)
-	seq, err2 := strconv.Atoi(s)
-	if !ok1 || !ok2 || err1 != nil || err2 != nil || key < 0 || seq < 0 {
-		return 0, 0, false
-	}
-	return key, seq, true
-}
-
-// commitTracker keeps the last offsets kpar committed for the demo topic,
-// which outlive the consumer's run, unlike PartitionStats.
-type commitTracker struct {
-	topic   string
-	mu      sync.Mutex      // guards offsets
-	offsets map[int32]int64 // partition -> next offset to consume
-}
-
-var _ kpar.HookCommit = (*commitTracker)(nil)
-
-func (c *commitTracker) OnCommit(offsets map[string]map[int32]int64, err error) {
-	if err != nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for p, o := range offsets[c.topic] {
-		c.offsets[p] = o
-	}
-}
-
-// offset returns the offset last committed for a partition.
-func (c *commitTracker) offset(partition int32) (int64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	o, ok := c.offsets[partition]
-	return o, ok
-}
-
-// total returns the committed offsets summed over partitions: the records
-// below the commit point, as the demo topic's partitions start at 0.
-func (c *commitTracker) total() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var n int64
-	for _, o := range c.offsets {
-		n += o
-	}
-	return n
-}
-
-// demoProgress is one snapshot for the progress display.
-type demoProgress struct {
-	elapsed    time.Duration
-	produced   int64
-	handled    int64
-	duplicates int64
-	violations int64
-	failures   int64
-	committed  int64
-	inFlight   int
-	parts      []kpar.PartitionStats // nil once the consumer stopped
-}
-
-func (d *demo) progress(start time.Time, parts []kpar.PartitionStats) demoProgress {
-	p := demoProgress{
-		elapsed:   time.Since(start),
-		produced:  d.produced.Load(),
-		failures:  d.failures.Load(),
-		committed: d.commits.total(),
-		parts:     parts,
-	}
-	p.handled, p.duplicates, p.violations = d.ledger.counts()
-	for _, s := range parts {
-		p.inFlight += s.InFlight
-	}
-	return p
-}
-
-// demoView draws progress on stderr: in place on a terminal, one line a
-// second otherwise.
-type demoView struct {
-	w     io.Writer
-	d     *demo
-	fd    int                   // the terminal's file descriptor, when tty
-	tty   bool                  // redraw in place
-	lines int                   // lines of the frame last drawn, to move back over
-	last  []kpar.PartitionStats // the partitions last seen while running
-	note  string                // shown under the table when set
-	rate  rateMeter
-}
-
-func newDemoView(w io.Writer, d *demo) *demoView {
-	v := &demoView{w: w, d: d}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) && os.Getenv("TERM") != "dumb" {
-		v.fd, v.tty = int(f.Fd()), true
-	}
-	v.rate.add(time.Now(), 0)
-	return v
-}
-
-func (v *demoView) interval() time.Duration {
-	if v.tty {
-		return 200 * time.Millisecond
-	}
-	return time.Second
-}
-
-func (v *demoView) draw(p demoProgress) {
-	rate := v.rate.add(time.Now(), p.handled)
-	if p.parts != nil {
-		v.last = p.parts
-	}
-	if !v.tty {
-		fmt.Fprintf(v.w, "kpar demo: %5.1fs  produced %d  handled %d/%d (%.0f%%)  %.0f records/s  in flight %d  committed %d%s\n",
-			p.elapsed.Seconds(), p.produced, p.handled, v.d.records, percent(p.handled, v.d.records),
-			rate, p.inFlight, p.committed, v.extras(p))
-		return
-	}
-	width, height := 80, 24
-	if w, h, err := term.GetSize(v.fd); err == nil {
-		width, height = w, h
-	}
-	var b strings.Builder
-	if v.lines > 0 {
-		// Back to the first line of the previous frame, and clear below.
-		fmt.Fprintf(&b, "\x1b[%dF\x1b[J", v.lines)
-	}
-	lines := 0
-	line := func(format string, a ...any) {
-		// A line wider than the terminal would wrap and break the count
-		// of lines to move back over.
-		s := []rune(fmt.Sprintf(format, a...))
-		b.WriteString(string(s[:min(len(s), width-1)]))
-		b.WriteByte('\n')
-		lines++
-	}
-	line("kpar demo: %d records, %d keys, %d partitions, ordering %v, concurrency %d",
-		v.d.records, v.d.keys, v.d.partitions, v.d.ordering, v.d.concurrency)
-	line("%9s %10s %10s %10s %10s %10s %7s", "partition", "start", "end", "buffered", "in flight", "committed", "paused")
-	// Keep the frame within the screen, with room for the "more" line.
-	rows := len(p.parts)
-	if rows > height-5 {
-		rows = max(height-6, 0)
-	}
-	for _, s := range p.parts[:rows] {
-		paused := ""
-		if s.Paused {
-			paused = "yes"
-		}
-		line("%9d %10s %10s %10d %10d %10s %7s", s.Partition, offset(s.Start), offset(s.End),
-			s.Buffered, s.InFlight, offset(s.Committed), paused)
-	}
-	switch {
-	case rows < len(p.parts):
-		line("      ... %d more partitions", len(p.parts)-rows)
-	case p.parts == nil && p.handled < int64(v.d.records):
-		line("      (waiting for the partition assignment)")
-	case p.parts == nil:
-		line("      (consumer stopped)")
-	}
-	line("produced %d  committed %d%s", p.produced, p.committed, v.extras(p))
-	if v.note != "" {
-		line("%s", v.note)
-	}
-	const barWidth = 20
-	filled := int(math.Round(percent(p.handled, v.d.records) / 100 * barWidth))
-	line("[%s%s] %3.0f%%  %d/%d handled  %.0f rec/s  in flight %d  %.1fs",
-		strings.Repeat("█", filled), strings.Repeat("░", barWidth-filled),
-		percent(p.handled, v.d.records), p.handled, v.d.records, rate, p.inFlight, p.elapsed.Seconds())
-	v.lines = lines
-	io.WriteString(v.w, b.String())
-}
-
-// status shows a note: at once on its own line, or in the frames to come
-// on a terminal.
-func (v *demoView) status(note string) {
-	if v.tty {
-		v.note = note
-		return
-	}
-	fmt.Fprintf(v.w, "kpar demo: %s\n", note)
-}
-
-// finish draws the last frame, after the consumer stopped: the partitions
-// as last seen, with the offsets of the final commit.
-func (v *demoView) finish(p demoProgress) {
-	if !v.tty {
-		return
-	}
-	p.parts = slices.Clone(v.last)
-	for i := range p.parts {
-		if o, ok := v.d.commits.offset(p.parts[i].Partition); ok {
-			p.parts[i].Committed = o
-		}
-	}
-	v.draw(p)
-}
-
-// extras shows the counters that are usually 0 only when they are not.
-func (v *demoView) extras(p demoProgress) string {
-	var s string
-	if p.failures > 0 {
-		s += fmt.Sprintf("  failed attempts %d", p.failures)
-	}
-	if p.duplicates > 0 {
-		s += fmt.Sprintf("  duplicates %d", p.duplicates)
-	}
-	if p.violations > 0 {
-		s += fmt.Sprintf("  order violations %d", p.violations)
-	}
-	return s
-}
-
-func offset(o int64) string {
-	if o < 0 {
-		return "-"
-	}
-	return strconv.FormatInt(o, 10)
-}
-
-func percent(n int64, of int) float64 { return 100 * float64(n) / float64(of) }
-
-// rateMeter computes records/s over about the last second.
-type rateMeter struct {
-	samples []rateSample
-}
-
-type rateSample struct {
-	t time.Time
-	n int64
-}
-
-func (m *rateMeter) add(t time.Time, n int64) float64 {
-	m.samples = append(m.samples, rateSample{t, n})
-	// Keep as the base the newest sample that is at least a second old.
-	for len(m.samples) > 2 && t.Sub(m.samples[1].t) >= time.Second {
-		m.samples = m.samples[1:]
-	}
-	base := m.samples[0]
-	if dt := t.Sub(base.t).Seconds(); dt > 0 {
-		return float64(n-base.n) / dt
-	}
-	return 0
-}
-
-func (d *demo) printSummary(w io.Writer, s *demoSummary) {
-	fmt.Fprintf(w, "\nkpar demo: %d records on %d partitions, %d keys, ordering %v, concurrency %d\n",
-		d.records, d.partitions, d.keys, d.ordering, d.concurrency)
-	fmt.Fprintf(w, "  produced          %d\n", s.Produced)
-	fmt.Fprintf(w, "  handled           %d\n", s.Handled)
-	fmt.Fprintf(w, "  duplicates        %d\n", s.Duplicates)
-	if s.Lost != nil {
-		fmt.Fprintf(w, "  lost              %d\n", *s.Lost)
-	} else {
-		fmt.Fprintf(w, "  lost              unknown: stopped early with %d records not handled yet\n", s.Produced-s.Handled)
-	}
-	fmt.Fprintf(w, "  order violations  %d\n", s.OrderViolations)
-	if f := d.failures.Load(); f > 0 {
-		fmt.Fprintf(w, "  failed attempts   %d (retried)\n", f)
-	}
-	fmt.Fprintf(w, "  committed         %d\n", d.commits.total())
-	rate := 0.0
-	if s.Seconds > 0 {
-		rate = float64(s.Handled) / s.Seconds
-	}
-	fmt.Fprintf(w, "  wall time         %.2fs (%.0f records/s)\n", s.Seconds, rate)
-	switch {
-	case !d.passed(s):
-		fmt.Fprintln(w, "FAILED: kpar broke a guarantee")
-	case s.Lost == nil:
-		fmt.Fprintln(w, "stopped early: no guarantee broken so far")
-	case d.ordering == kpar.Unordered:
-		fmt.Fprintln(w, "ok: every record handled; unordered mode keeps no order, so order violations are expected")
-	default:
-		fmt.Fprintf(w, "ok: every record handled, per-%v order kept\n", d.ordering)
-	}
 }

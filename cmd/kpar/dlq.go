@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/deadletter/pgsink"
 )
 
 // dlqConnectTimeout bounds how long the dlq commands wait for Kafka brokers
@@ -111,7 +112,11 @@ func (c *dlqCommon) check() (int, bool) {
 
 // open opens the --source, with the security flags for Kafka.
 func (c *dlqCommon) open(ctx context.Context) (deadletter.Source, error) {
-	if !strings.HasPrefix(*c.source, "kafka://") {
+	switch scheme, _, _ := strings.Cut(*c.source, "://"); strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		return pgsink.OpenSource(*c.source)
+	case "kafka":
+	default:
 		return deadletter.OpenSource(ctx, *c.source)
 	}
 	brokers, topics, err := deadletter.ParseKafkaURL(*c.source)
@@ -131,7 +136,7 @@ func (c *dlqCommon) open(ctx context.Context) (deadletter.Source, error) {
 }
 
 // keep reports whether l passes the --error-class filter.
-func (c *dlqCommon) keep(l deadletter.DeadLetter) bool {
+func (c *dlqCommon) keep(l deadletter.Letter) bool {
 	return *c.class == "" || string(l.Class) == *c.class
 }
 
@@ -186,7 +191,7 @@ topic/partition. --json prints the same as one JSON object.`, stderr)
 		p     int32
 	}
 	byTP := map[tp]int{}
-	err = src.Read(ctx, func(l deadletter.DeadLetter) error {
+	err = src.Read(ctx, func(l deadletter.Letter) error {
 		if !c.keep(l) {
 			return nil
 		}
@@ -361,7 +366,7 @@ with --source file://PATH.`, stderr)
 	}
 	errLimit := errors.New("limit reached")
 	n := 0
-	err = src.Read(ctx, func(l deadletter.DeadLetter) error {
+	err = src.Read(ctx, func(l deadletter.Letter) error {
 		if !c.keep(l) || (!from.IsZero() && (l.LastFailure.IsZero() || l.LastFailure.Before(from))) {
 			return nil
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/deadletter/pgsink"
 )
 
 // dlqCtx bounds one test; nothing in these tests sleeps.
@@ -58,9 +59,9 @@ func dlqTS(s string) time.Time {
 
 // dlqLetters: five dead letters of topic orders (three partitions), two of
 // them with messages that differ only in a number.
-func dlqLetters() []deadletter.DeadLetter {
-	mk := func(p int32, o int64, class deadletter.Class, msg, last string) deadletter.DeadLetter {
-		return deadletter.DeadLetter{
+func dlqLetters() []deadletter.Letter {
+	mk := func(p int32, o int64, class deadletter.Class, msg, last string) deadletter.Letter {
+		return deadletter.Letter{
 			Record: &kgo.Record{Topic: "orders", Partition: p, Offset: o,
 				Key: []byte("key-" + string(rune('a'+o))), Value: []byte{0, 1, 2, byte(o)},
 				Headers:   []kgo.RecordHeader{{Key: "trace", Value: []byte("t")}, {Key: "bin", Value: []byte{0xff, 0}}},
@@ -69,7 +70,7 @@ func dlqLetters() []deadletter.DeadLetter {
 			FirstFailure: dlqTS(last).Add(-time.Minute), LastFailure: dlqTS(last),
 		}
 	}
-	return []deadletter.DeadLetter{
+	return []deadletter.Letter{
 		mk(0, 1, deadletter.ClassExhausted, "charge failed: card 1234 declined", "2024-05-01T10:00:00Z"),
 		mk(0, 2, deadletter.ClassExhausted, "charge failed: card 9876 declined", "2024-05-02T10:00:00Z"),
 		mk(1, 5, deadletter.ClassPermanent, "invalid json at byte 17", "2024-05-03T10:00:00Z"),
@@ -132,7 +133,7 @@ func dlqSourceCases() []dlqSourceCase {
 					conn.Close(ctx)
 				}
 			})
-			s, err := deadletter.OpenPostgresSink(ctx, dsn, deadletter.Table(table))
+			s, err := pgsink.Open(ctx, dsn, pgsink.Table(table))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -142,7 +143,7 @@ func dlqSourceCases() []dlqSourceCase {
 			}
 			u, _ := url.Parse(dsn)
 			q := u.Query()
-			q.Set(deadletter.TableParam, table)
+			q.Set(pgsink.TableParam, table)
 			u.RawQuery = q.Encode()
 			return u.String()
 		}},
@@ -170,7 +171,7 @@ func topicRecords(t *testing.T, ctx context.Context, env dlqEnv, topic string) [
 		t.Fatal(err)
 	}
 	var out []*kgo.Record
-	if err := src.Read(ctx, func(l deadletter.DeadLetter) error {
+	if err := src.Read(ctx, func(l deadletter.Letter) error {
 		out = append(out, l.Record) // plain records decode as themselves
 		return nil
 	}); err != nil {
@@ -284,12 +285,12 @@ func TestDLQList(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := map[string]deadletter.DeadLetter{}
+			want := map[string]deadletter.Letter{}
 			for _, l := range dlqLetters() {
 				want[l.ID()] = l
 			}
 			n := 0
-			src.Read(ctx, func(l deadletter.DeadLetter) error {
+			src.Read(ctx, func(l deadletter.Letter) error {
 				n++
 				w := want[l.ID()]
 				if w.Record == nil || !bytes.Equal(w.Record.Key, l.Record.Key) || !bytes.Equal(w.Record.Value, l.Record.Value) ||
@@ -377,7 +378,7 @@ func TestDLQReplay(t *testing.T) {
 // each a faithful copy of its dead letter on the original partition.
 func checkReplayed(t *testing.T, ctx context.Context, env dlqEnv, topic string, ids []string) {
 	t.Helper()
-	want := map[string]deadletter.DeadLetter{}
+	want := map[string]deadletter.Letter{}
 	for _, l := range dlqLetters() {
 		want[l.ID()] = l
 	}

@@ -48,7 +48,9 @@ func (f *flagSet) parse(args []string) (int, bool) {
 			f.usage()
 			return 0, false
 		}
-		fmt.Fprintf(f.stderr, "%s: %v\n", f.Name(), err)
+		// flag names flags with one dash ("invalid value ... for flag
+		// -ordering"); kpar's usage writes two.
+		fmt.Fprintf(f.stderr, "%s: %s\n", f.Name(), strings.Replace(err.Error(), "for flag -", "for flag --", 1))
 		return 2, false
 	}
 	set := map[string]bool{}

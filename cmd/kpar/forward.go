@@ -24,7 +24,9 @@ import (
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/deadletter/pgsink"
 	"github.com/kpar/kpar/forward"
+	"github.com/kpar/kpar/internal/kgolog"
 	"github.com/kpar/kpar/kparprom"
 )
 
@@ -78,7 +80,8 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	urlCA := fs.String("url-ca", "", "verify an https --url against the PEM CA certificates in `FILE` instead of the system's")
 	batch := fs.Int("batch", 1, "send up to `N` records per request, as a JSON array (1: one record per request, the value as the body)")
 	batchWait := fs.Duration("batch-wait", 5*time.Millisecond, "with --batch, send a batch that is not full this long after its first record")
-	ordering := fs.String("ordering", "key", "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
+	var ord kpar.Order
+	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
 	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
 	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
@@ -121,10 +124,6 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	seeds, err := splitBrokers(*brokers)
 	if err != nil {
 		return fs.usageError("invalid --brokers: %v", err)
-	}
-	ord, err := kpar.ParseOrdering(*ordering)
-	if err != nil {
-		return fs.usageError("invalid --ordering %q: use key, partition or unordered", *ordering)
 	}
 	if *batch > 1 && !fs.given("concurrency") {
 		*concurrency = min(max(*concurrency, 8**batch), 1<<16)
@@ -233,13 +232,13 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		subscribed = regexList
 		handler = skipDeadLetters(h, sink, log)
 	}
-	opts := []kpar.Opt{
+	opts := []kpar.ConsumerOpt{
 		kpar.Brokers(seeds...),
 		kpar.ClientOptions(append(consumeOpts, secOpts...)...),
 		kpar.Group(*group),
 		kpar.Topics(subscribed...),
 		kpar.Concurrency(*concurrency),
-		kpar.WithOrdering(ord),
+		kpar.Ordering(ord),
 		kpar.MaxAttempts(*maxAttempts),
 		kpar.RetryBackoff(*retryBackoff, *retryBackoffMax),
 		kpar.AttemptTimeout(*attemptTimeout),
@@ -319,7 +318,14 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	})
 	defer stopLog()
 
-	if err := c.Run(ctx); err != nil {
+	err = c.Run(ctx)
+	if errors.Is(err, kpar.ErrShutdownTimeout) && ctx.Err() != nil {
+		// A requested stop that could not finish everything in time:
+		// nothing is lost, the rest is delivered again after a restart.
+		log.Warn("kpar forward stopped: --shutdown-timeout passed with records unfinished; offsets committed below them, they will be delivered again")
+		return 0
+	}
+	if err != nil {
 		if why := sec.explainConnectError(err); why != nil {
 			err = why
 		}
@@ -530,8 +536,8 @@ func parseDeadLetters(raw string) (deadLetterSink, error) {
 			return deadLetterSink{}, fmt.Errorf("not a URL: %v", err)
 		}
 		q := u.Query()
-		table := q.Get(deadletter.TableParam)
-		q.Del(deadletter.TableParam)
+		table := q.Get(pgsink.TableParam)
+		q.Del(pgsink.TableParam)
 		u.RawQuery = q.Encode()
 		return deadLetterSink{scheme: "postgres", dsn: u.String(), table: table}, nil
 	}
@@ -569,11 +575,11 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 		}
 		return fs, func() { _ = fs.Close() }, nil
 	case "postgres":
-		var opts []deadletter.PostgresOption
+		var opts []pgsink.Option
 		if s.table != "" {
-			opts = append(opts, deadletter.Table(s.table))
+			opts = append(opts, pgsink.Table(s.table))
 		}
-		ps, err := deadletter.OpenPostgresSink(ctx, s.dsn, opts...)
+		ps, err := pgsink.Open(ctx, s.dsn, opts...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -586,7 +592,7 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 		kgo.SeedBrokers(seeds...),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.AllowAutoTopicCreation(),
-		kgo.WithLogger(kgoSlog{log.With("client", "dead-letters")}),
+		kgo.WithLogger(kgolog.Logger{L: log.With("client", "dead-letters")}),
 	}, secOpts...)...)
 	if err != nil {
 		return nil, nil, err
@@ -620,25 +626,4 @@ func redactURL(raw string) string {
 		return raw
 	}
 	return u.Redacted()
-}
-
-// kgoSlog logs a franz-go client's warnings and errors to slog.
-type kgoSlog struct{ l *slog.Logger }
-
-func (k kgoSlog) Level() kgo.LogLevel {
-	if k.l.Enabled(context.Background(), slog.LevelDebug) {
-		return kgo.LogLevelInfo
-	}
-	return kgo.LogLevelWarn
-}
-
-func (k kgoSlog) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	lvl := slog.LevelDebug
-	switch level {
-	case kgo.LogLevelError:
-		lvl = slog.LevelError
-	case kgo.LogLevelWarn:
-		lvl = slog.LevelWarn
-	}
-	k.l.Log(context.Background(), lvl, "kgo: "+msg, keyvals...)
 }

@@ -412,7 +412,7 @@ func TestForwardDeliversOrDeadLetters(t *testing.T) {
 	}
 	checkKeyOrder(t, ep.first)
 
-	byIndex := make(map[int]deadletter.DeadLetter)
+	byIndex := make(map[int]deadletter.Letter)
 	for _, r := range dlq {
 		l := deadletter.FromRecord(r)
 		i, err := strconv.Atoi(string(l.Record.Value))
@@ -965,7 +965,7 @@ func TestForwardHelpListsEveryFlag(t *testing.T) {
 		"-brokers", "-group", "-topic", "-url", "-ordering", "-concurrency", "-max-attempts",
 		"-retry-backoff", "-attempt-timeout", "-dlq-topic", "-shutdown-timeout", "-metrics-listen",
 		"-tls-ca", "-tls-cert", "-tls-key", "-sasl-mechanism", "-sasl-user", "-sasl-password",
-		"(default 64)", "(default 3)", "(default 100ms)", "(default 10s)", "(default 30s)", `(default "key")`,
+		"(default 64)", "(default 3)", "(default 100ms)", "(default 10s)", "(default 30s)", "(default key)",
 		"-batch", "-batch-wait", "(default 5ms)", "-header", "-header-file", "-url-ca", "-retry-topics",
 		"-dead-letters", "-topic-regex", "Kpar-Tombstone", "Kpar-Headers", "traceparent",
 	} {
@@ -1191,8 +1191,8 @@ func TestForwardBatchesToAFileSink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var letters []deadletter.DeadLetter
-	if err := src.Read(ctx, func(l deadletter.DeadLetter) error { letters = append(letters, l); return nil }); err != nil {
+	var letters []deadletter.Letter
+	if err := src.Read(ctx, func(l deadletter.Letter) error { letters = append(letters, l); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if len(letters) != 2*rejected {

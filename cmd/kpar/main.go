@@ -32,6 +32,7 @@ func commands() []command {
 		{"demo", "consume a generated topic on an embedded broker and report loss, duplicates and order", cmdDemo},
 		{"broker", "run a Kafka-compatible development broker (franz-go's kfake)", cmdBroker},
 		{"forward", "consume a topic and POST every record to an HTTP endpoint", cmdForward},
+		{"backfill", "POST every record of a fixed offset or time range to an HTTP endpoint, several readers per partition", cmdBackfill},
 		{"dlq", "list, analyse and replay dead letters (stats, list, replay)", cmdDLQ},
 		{"bench", "run side-by-side benchmarks: kpar vs the raw franz-go loop and others", cmdBench},
 		{"version", "print the kpar version", cmdVersion},

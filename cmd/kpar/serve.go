@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -56,13 +57,7 @@ func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom
 	reg := prometheus.NewRegistry()
 	cs := append([]prometheus.Collector{
 		m.PartitionCollector(c.Partitions),
-		// Handlers that ignore their context keep their worker past
-		// AttemptTimeout; kpar does not replace them, so show how many.
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: "kpar",
-			Name:      "attempts_overdue",
-			Help:      "Handler attempts running past AttemptTimeout at the last check (their workers are busy).",
-		}, func() float64 { return float64(c.Overdue()) }),
+		m.OverdueCollector(c.Overdue),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}, extra...)
@@ -210,168 +205,11 @@ func servePage(w http.ResponseWriter, _ *http.Request) {
 	}{nonce, statusRefresh.Milliseconds()})
 }
 
-// statusPage is the live page: everything inline, nothing fetched but
+// statusHTML (status.html) is the live page: everything inline, nothing fetched but
 // /api/status. It renders with textContent only, so record data (topics,
 // error texts) is never parsed as HTML.
-var statusPage = template.Must(template.New("status").Parse(`<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>kpar status</title>
-<style nonce="{{.Nonce}}">
-:root { --fg: #1d232a; --muted: #66707a; --line: #d8dde2; --bg: #fff; --head: #f3f5f7;
-        --done: #2e9e5b; --run: #2f6fd6; --wait: #c3cad1; --warn: #c25d00; --bad: #b3261e; }
-body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg); background: var(--bg); margin: 1.5rem; }
-h1 { font-size: 1.3rem; margin: 0 0 .25rem; }
-h2 { font-size: 1.05rem; margin: 1.5rem 0 .5rem; }
-.muted { color: var(--muted); }
-.badge { display: inline-block; padding: 0 .5em; border-radius: .8em; font-size: .85em; color: #fff; background: var(--muted); }
-.badge.ok { background: var(--done); } .badge.bad { background: var(--bad); } .badge.warn { background: var(--warn); }
-#totals span { margin-right: 1.2em; }
-table { border-collapse: collapse; width: 100%; }
-th, td { text-align: right; padding: .3em .6em; border-bottom: 1px solid var(--line); white-space: nowrap; }
-th { background: var(--head); font-weight: 600; }
-th:first-child, td:first-child, td.text, th.text { text-align: left; }
-td.window { width: 35%; min-width: 12em; }
-.bar { display: flex; height: .9em; background: var(--head); border: 1px solid var(--line); border-radius: 3px; overflow: hidden; }
-.bar span { display: block; height: 100%; }
-.seg-done { background: var(--done); } .seg-run { background: var(--run); } .seg-wait { background: var(--wait); }
-.legend span { margin-right: 1em; } .legend i { display: inline-block; width: .8em; height: .8em; margin-right: .3em; vertical-align: -1px; }
-td.error { white-space: normal; text-align: left; max-width: 40em; overflow-wrap: anywhere; font-family: ui-monospace, monospace; font-size: .9em; }
-</style>
-</head>
-<body data-loaded="false">
-<h1>kpar consumer</h1>
-<div><span id="ready" class="badge">loading</span> <span id="readiness" class="muted"></span> <span id="conn" class="muted"></span></div>
-<p id="totals" class="muted"></p>
-<noscript><p>This page needs JavaScript; the same data is at <a href="api/status">api/status</a> and <a href="metrics">metrics</a>.</p></noscript>
+//
+//go:embed status.html
+var statusHTML string
 
-<h2>Partitions</h2>
-<p class="legend muted">Window from start (lowest unfinished offset, what a commit stores) to end (next offset to fetch):
-<span><i class="seg-done"></i>finished above start</span><span><i class="seg-run"></i>in flight</span><span><i class="seg-wait"></i>waiting</span></p>
-<table>
-<thead><tr><th>Partition</th><th class="text">Window</th><th>Records</th><th>Start</th><th>In flight</th><th>Finished</th><th>End</th>
-<th>Committed</th><th>High watermark</th><th>Lag</th><th class="text">State</th></tr></thead>
-<tbody id="partitions"><tr><td colspan="11" class="muted text">Loading…</td></tr></tbody>
-</table>
-
-<h2>Recent dead letters</h2>
-<table>
-<thead><tr><th class="text">Time</th><th class="text">Record</th><th class="text">Class</th><th>Attempts</th><th class="text">Error</th></tr></thead>
-<tbody id="deadletters"><tr><td colspan="5" class="muted text">Loading…</td></tr></tbody>
-</table>
-
-<script nonce="{{.Nonce}}">
-"use strict";
-const refreshMillis = {{.RefreshMillis}};
-
-function el(tag, text, cls) {
-  const e = document.createElement(tag);
-  if (text !== undefined && text !== null) e.textContent = String(text);
-  if (cls) e.className = cls;
-  return e;
-}
-const off = (n) => (n < 0 ? "–" : n.toLocaleString("en-US"));
-function duration(sec) {
-  if (sec < 60) return sec.toFixed(1) + "s";
-  const m = Math.floor(sec / 60);
-  return m < 60 ? m + "m" + Math.floor(sec % 60) + "s" : Math.floor(m / 60) + "h" + (m % 60) + "m";
-}
-
-function emptyRow(cols, text) {
-  const tr = el("tr"), td = el("td", text, "muted text");
-  td.colSpan = cols;
-  tr.append(td);
-  return tr;
-}
-
-function windowBar(p, scale) {
-  const bar = el("div", null, "bar");
-  const waiting = Math.max(p.buffered - p.finished - p.in_flight, 0);
-  for (const [n, cls] of [[p.finished, "seg-done"], [p.in_flight, "seg-run"], [waiting, "seg-wait"]]) {
-    if (n <= 0) continue;
-    const s = el("span", null, cls);
-    s.style.width = (100 * n / scale) + "%";
-    bar.append(s);
-  }
-  bar.title = p.buffered + " records in the window: " + p.finished + " finished, " + p.in_flight + " in flight, " + waiting + " waiting";
-  return bar;
-}
-
-function renderPartitions(parts) {
-  const body = document.getElementById("partitions");
-  if (parts.length === 0) {
-    body.replaceChildren(emptyRow(11, "No partitions assigned."));
-    return;
-  }
-  const scale = Math.max(1, ...parts.map((p) => p.buffered));
-  body.replaceChildren(...parts.map((p) => {
-    const tr = el("tr");
-    tr.dataset.topic = p.topic;
-    tr.dataset.partition = String(p.partition);
-    const win = el("td", null, "window text");
-    win.append(windowBar(p, scale));
-    tr.append(el("td", p.topic + "/" + p.partition), win, el("td", off(p.buffered)), el("td", off(p.start)), el("td", off(p.in_flight)),
-      el("td", off(p.finished)), el("td", off(p.end)), el("td", off(p.committed)),
-      el("td", off(p.high_watermark)), el("td", off(p.lag)));
-    const state = el("td", null, "text");
-    if (p.stuck_offset >= 0) {
-      state.append(el("span", "stuck at " + off(p.stuck_offset) + " for " + duration(p.stuck_seconds), "badge bad"), " ");
-    }
-    state.append(p.paused ? el("span", "paused: window full", "badge warn") : el("span", "fetching", "muted"));
-    tr.append(state);
-    return tr;
-  }));
-}
-
-function renderDeadLetters(dls) {
-  const body = document.getElementById("deadletters");
-  if (dls.length === 0) {
-    body.replaceChildren(emptyRow(5, "No dead letters."));
-    return;
-  }
-  body.replaceChildren(...dls.map((d) => {
-    const tr = el("tr");
-    tr.dataset.deadLetter = d.topic + "/" + d.partition + "/" + d.offset;
-    tr.append(el("td", new Date(d.time).toLocaleTimeString(), "text"),
-      el("td", d.topic + "/" + d.partition + " @ " + d.offset, "text"),
-      el("td", d.class, "text"), el("td", d.attempts), el("td", d.error, "error"));
-    return tr;
-  }));
-}
-
-function render(s) {
-  const ready = document.getElementById("ready");
-  ready.textContent = s.ready ? "ready" : "not ready";
-  ready.className = "badge " + (s.ready ? "ok" : "bad");
-  document.getElementById("readiness").textContent = s.readiness;
-  const t = s.totals;
-  const totals = document.getElementById("totals");
-  totals.replaceChildren(el("span", "handled " + off(t.handled)), el("span", "failed attempts " + off(t.failed)),
-    el("span", "retried " + off(t.retried)), el("span", "dead-lettered " + off(t.dead_lettered)),
-    el("span", "dead-letter write errors " + off(t.dead_letter_errors)), el("span", "stuck records " + off(t.stuck)));
-  renderPartitions(s.partitions || []);
-  renderDeadLetters(s.dead_letters || []);
-  document.body.dataset.loaded = "true";
-}
-
-async function refresh() {
-  const conn = document.getElementById("conn");
-  try {
-    const res = await fetch("api/status", { cache: "no-store" });
-    if (!res.ok) throw new Error("HTTP " + res.status);
-    render(await res.json());
-    conn.textContent = "· updated " + new Date().toLocaleTimeString();
-  } catch (e) {
-    conn.textContent = "· cannot reach the consumer (" + e.message + "); retrying";
-  } finally {
-    setTimeout(refresh, refreshMillis);
-  }
-}
-refresh();
-</script>
-</body>
-</html>
-`))
+var statusPage = template.Must(template.New("status").Parse(statusHTML))

@@ -45,7 +45,7 @@ type statusFixture struct {
 // newStatusFixture starts a cluster with topic "t" of partitions
 // partitions holding records records, a consumer running h (not yet
 // running: see run), and the status server on a free port.
-func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.HandlerFunc, extra ...kpar.Opt) *statusFixture {
+func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.HandlerFunc, extra ...kpar.ConsumerOpt) *statusFixture {
 	t.Helper()
 	// Registered first, so it runs after every other cleanup.
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
@@ -82,7 +82,7 @@ func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.Handle
 		kgo.SessionTimeout(2 * time.Second),
 		kgo.FetchMaxWait(100 * time.Millisecond),
 	}, m.ClientOpts()...)
-	cons, err := kpar.New(h, append([]kpar.Opt{kpar.Group("g"), kpar.Topics("t"), kpar.CommitInterval(50 * time.Millisecond),
+	cons, err := kpar.New(h, append([]kpar.ConsumerOpt{kpar.Group("g"), kpar.Topics("t"), kpar.CommitInterval(50 * time.Millisecond),
 		kpar.ShutdownTimeout(10 * time.Second), kpar.ClientOptions(copts...), kpar.WithHooks(m)}, extra...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +302,7 @@ func TestServeStatusRejectsBadSetups(t *testing.T) {
 // statusSink is a dead-letter sink that keeps nothing.
 type statusSink struct{}
 
-func (statusSink) Write(context.Context, []deadletter.DeadLetter) error { return nil }
+func (statusSink) Write(context.Context, []deadletter.Letter) error { return nil }
 
 // TestServeStatusPageInChromium loads the live page in a real headless
 // Chromium while records are in flight, one is stuck and some were

@@ -158,3 +158,30 @@ func (w *Window) AppendFinishedAbove(dst []int64, max int) []int64 {
 	}
 	return dst
 }
+
+// EachFinishedRun calls fn, in ascending order, for each run of finished
+// entries above the start: from is the offset of the run's first entry and
+// to the offset after its last. Offsets between two consecutive entries were
+// never pushed (compacted away, transaction markers), so a run spans them.
+func (w *Window) EachFinishedRun(fn func(from, to int64)) {
+	if w.pending == w.Len() {
+		return // nothing finished above the start
+	}
+	inRun := false
+	var from, to int64
+	for s := w.head + 1; s < w.tail; s++ {
+		e := w.ring[uint64(s)&w.mask]
+		switch {
+		case e.done && !inRun:
+			inRun, from, to = true, e.offset, e.offset+1
+		case e.done:
+			to = e.offset + 1
+		case inRun:
+			fn(from, to)
+			inRun = false
+		}
+	}
+	if inRun {
+		fn(from, to)
+	}
+}

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -351,5 +352,23 @@ func TestWindowSteadyStateDoesNotAllocate(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("steady state allocates %v times per op; want 0", allocs)
+	}
+}
+
+func TestEachFinishedRunSpansGaps(t *testing.T) {
+	w := New(8)
+	// Offsets 10..16 with 13 compacted away.
+	var seqs []Seq
+	for _, o := range []int64{10, 11, 12, 14, 15, 16, 20} {
+		seqs = append(seqs, w.Push(o))
+	}
+	for _, i := range []int{1, 2, 3, 4, 6} { // 11, 12, 14, 15, 20 done; 10 and 16 not
+		w.Done(seqs[i])
+	}
+	var got [][2]int64
+	w.EachFinishedRun(func(from, to int64) { got = append(got, [2]int64{from, to}) })
+	want := [][2]int64{{11, 16}, {20, 21}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("runs %v, want %v", got, want)
 	}
 }

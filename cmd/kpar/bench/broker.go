@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
 
-	"github.com/kpar/kpar/internal/embedded"
+	"github.com/kpar/kpar/cmd/kpar/internal/embedded"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -1,4 +1,12 @@
-package deadletter
+// Package pgsink stores kpar's dead letters in PostgreSQL (through pgx) and
+// reads them back. It is a module of its own, so that a program using kpar
+// without PostgreSQL links no database driver:
+//
+//	go get github.com/kpar/kpar/deadletter/pgsink
+//
+// Sink implements deadletter.Sink; OpenSource reads a Sink's table as a
+// deadletter.Source, for inspection and deadletter.Replay.
+package pgsink
 
 import (
 	"context"
@@ -14,9 +22,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/deadletter"
 )
 
-// DefaultTable is the PostgresSink's table unless Table says otherwise.
+// DefaultTable is the Sink's table unless Table says otherwise.
 const DefaultTable = "kpar_dead_letters"
 
 // TableParam is the query parameter of a postgres:// source URL that names
@@ -24,7 +34,7 @@ const DefaultTable = "kpar_dead_letters"
 // connecting.
 const TableParam = "kpar_table"
 
-// PostgresSink stores dead letters in a PostgreSQL table, one row per
+// Sink stores dead letters in a PostgreSQL table, one row per
 // letter:
 //
 //	id               bigserial PRIMARY KEY  -- insertion order
@@ -49,9 +59,9 @@ const TableParam = "kpar_table"
 // topic. Times are stored with microsecond precision. Text columns cannot
 // hold NUL bytes or invalid UTF-8: those are dropped or replaced in group,
 // class and message (key, value and headers are bytea, kept exactly).
-type PostgresSink struct {
+type Sink struct {
 	pool   *pgxpool.Pool
-	owned  bool   // pool was opened by OpenPostgresSink
+	owned  bool   // pool was opened by Open
 	ident  string // quoted table name
 	insert string
 
@@ -60,24 +70,22 @@ type PostgresSink struct {
 	closed bool
 }
 
-var _ Sink = (*PostgresSink)(nil)
+var _ deadletter.Sink = (*Sink)(nil)
 
-// PostgresOption configures a PostgresSink.
-type PostgresOption interface{ applyPostgres(*pgCfg) }
+// Option configures a Sink.
+type Option interface{ apply(*cfg) }
 
-type pgCfg struct{ table string }
+type cfg struct{ table string }
 
-type pgOpt struct{ fn func(*pgCfg) }
+type opt func(*cfg)
 
-func (o pgOpt) applyPostgres(c *pgCfg) { o.fn(c) }
+func (o opt) apply(c *cfg) { o(c) }
 
 // Table names the table, overriding the default DefaultTable. The name is
 // an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes), optionally
 // qualified by a schema ("dlq.orders"); anything else makes the
 // constructor fail.
-func Table(name string) PostgresOption {
-	return pgOpt{func(c *pgCfg) { c.table = name }}
-}
+func Table(name string) Option { return opt(func(c *cfg) { c.table = name }) }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -85,17 +93,17 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 func tableIdent(name string) (string, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
-		return "", fmt.Errorf("deadletter: invalid table name %q: at most schema.table", name)
+		return "", fmt.Errorf("pgsink: invalid table name %q: at most schema.table", name)
 	}
 	for _, p := range parts {
 		if !identRE.MatchString(p) {
-			return "", fmt.Errorf("deadletter: invalid table name %q: want [A-Za-z_][A-Za-z0-9_]*, at most 63 bytes", name)
+			return "", fmt.Errorf("pgsink: invalid table name %q: want [A-Za-z_][A-Za-z0-9_]*, at most 63 bytes", name)
 		}
 	}
 	return pgx.Identifier(parts).Sanitize(), nil
 }
 
-// NewPostgresSink returns a sink writing through pool, which stays the
+// New returns a sink writing through pool, which stays the
 // caller's to close.
 //
 // It creates the table if missing. When the server cannot be reached, it
@@ -103,16 +111,16 @@ func tableIdent(name string) (string, error) {
 // so a consumer can start while PostgreSQL is down and block on Write as in
 // any other sink outage; any other error (bad table name, permissions) is
 // returned.
-func NewPostgresSink(ctx context.Context, pool *pgxpool.Pool, opts ...PostgresOption) (*PostgresSink, error) {
-	cfg := pgCfg{table: DefaultTable}
+func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Sink, error) {
+	c := cfg{table: DefaultTable}
 	for _, o := range opts {
-		o.applyPostgres(&cfg)
+		o.apply(&c)
 	}
-	ident, err := tableIdent(cfg.table)
+	ident, err := tableIdent(c.table)
 	if err != nil {
 		return nil, err
 	}
-	s := &PostgresSink{
+	s := &Sink{
 		pool:  pool,
 		ident: ident,
 		insert: `INSERT INTO ` + ident + ` (topic, partition, "offset", key, value, header_keys, header_values,
@@ -129,15 +137,15 @@ ON CONFLICT (topic, partition, "offset") DO NOTHING`,
 	return s, nil
 }
 
-// OpenPostgresSink is NewPostgresSink on a pool it opens from dsn (a URL or
+// Open is New on a pool it opens from dsn (a URL or
 // key=value connection string, as pgxpool.ParseConfig takes); Close closes
 // that pool.
-func OpenPostgresSink(ctx context.Context, dsn string, opts ...PostgresOption) (*PostgresSink, error) {
+func Open(ctx context.Context, dsn string, opts ...Option) (*Sink, error) {
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("deadletter: %w", err)
+		return nil, fmt.Errorf("pgsink: %w", err)
 	}
-	s, err := NewPostgresSink(ctx, pool, opts...)
+	s, err := New(ctx, pool, opts...)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -146,11 +154,11 @@ func OpenPostgresSink(ctx context.Context, dsn string, opts ...PostgresOption) (
 	return s, nil
 }
 
-func (s *PostgresSink) ensureTable(ctx context.Context) error {
+func (s *Sink) ensureTable(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return ErrClosed
+		return deadletter.ErrClosed
 	}
 	if s.ready {
 		return nil
@@ -181,14 +189,14 @@ func (s *PostgresSink) ensureTable(ctx context.Context) error {
 		err = nil
 	}
 	if err != nil {
-		return fmt.Errorf("deadletter: creating table %s: %w", s.ident, err)
+		return fmt.Errorf("pgsink: creating table %s: %w", s.ident, err)
 	}
 	s.ready = true
 	return nil
 }
 
 // Write implements Sink.
-func (s *PostgresSink) Write(ctx context.Context, letters []DeadLetter) error {
+func (s *Sink) Write(ctx context.Context, letters []deadletter.Letter) error {
 	if len(letters) == 0 {
 		return nil
 	}
@@ -199,7 +207,7 @@ func (s *PostgresSink) Write(ctx context.Context, letters []DeadLetter) error {
 	for _, l := range letters {
 		r := l.Record
 		if r == nil {
-			return errors.New("deadletter: dead letter without a record")
+			return errors.New("pgsink: dead letter without a record")
 		}
 		hk := make([][]byte, len(r.Headers))
 		hv := make([][]byte, len(r.Headers))
@@ -214,14 +222,14 @@ func (s *PostgresSink) Write(ctx context.Context, letters []DeadLetter) error {
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
-		return fmt.Errorf("deadletter: inserting %d dead letters into %s: %w", len(letters), s.ident, err)
+		return fmt.Errorf("pgsink: inserting %d dead letters into %s: %w", len(letters), s.ident, err)
 	}
 	return nil
 }
 
-// Close closes the pool if OpenPostgresSink opened it. Writes after Close
-// return ErrClosed.
-func (s *PostgresSink) Close() {
+// Close closes the pool if Open opened it. Writes after Close return
+// deadletter.ErrClosed.
+func (s *Sink) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -245,20 +253,32 @@ func pgText(s string) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
 }
 
-// pgSource reads a PostgresSink table.
-type pgSource struct {
+// OpenSource returns the Source of a Sink's table at rawURL, a
+// postgres://... or postgresql://... connection URL whose query parameter
+// kpar_table (TableParam) names the table, default DefaultTable. It reads
+// the table in insertion order; the table's unique key means each original
+// record appears once. It connects only when Read is called.
+func OpenSource(rawURL string) (deadletter.Source, error) {
+	return newSource(rawURL)
+}
+
+// source reads a Sink's table.
+type source struct {
 	dsn   string // without TableParam
 	ident string
 }
 
-func newPGSource(rawURL string) (*pgSource, error) {
+func newSource(rawURL string) (*source, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("deadletter: invalid source URL: %w", err)
+		return nil, fmt.Errorf("pgsink: invalid source URL: %w", err)
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, fmt.Errorf("pgsink: source %q: want postgres:// or postgresql://", rawURL)
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, fmt.Errorf("deadletter: invalid source URL query: %w", err)
+		return nil, fmt.Errorf("pgsink: invalid source URL query: %w", err)
 	}
 	table := DefaultTable
 	if t := q.Get(TableParam); t != "" {
@@ -270,23 +290,22 @@ func newPGSource(rawURL string) (*pgSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pgSource{dsn: u.String(), ident: ident}, nil
+	return &source{dsn: u.String(), ident: ident}, nil
 }
 
-func (s *pgSource) Read(ctx context.Context, fn func(DeadLetter) error) error {
+func (s *source) Read(ctx context.Context, fn func(deadletter.Letter) error) error {
 	conn, err := pgx.Connect(ctx, s.dsn)
 	if err != nil {
-		return fmt.Errorf("deadletter: %w", err)
+		return fmt.Errorf("pgsink: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rows, err := conn.Query(ctx, `SELECT topic, partition, "offset", key, value, header_keys, header_values,
 	record_timestamp, group_id, class, message, attempts, first_failure, last_failure
 FROM `+s.ident+` ORDER BY id`)
 	if err != nil {
-		return fmt.Errorf("deadletter: reading %s: %w", s.ident, err)
+		return fmt.Errorf("pgsink: reading %s: %w", s.ident, err)
 	}
 	defer rows.Close()
-	fn = dedupe(fn)
 	for rows.Next() {
 		var (
 			r          kgo.Record
@@ -301,7 +320,7 @@ FROM `+s.ident+` ORDER BY id`)
 			offset     int64
 		)
 		if err := rows.Scan(&topic, &partition, &offset, &key, &value, &hk, &hv, &ts, &group, &class, &msg, &attempts, &ff, &lf); err != nil {
-			return fmt.Errorf("deadletter: reading %s: %w", s.ident, err)
+			return fmt.Errorf("pgsink: reading %s: %w", s.ident, err)
 		}
 		r.Topic, r.Partition, r.Offset, r.Key, r.Value = topic, partition, offset, key, value
 		if ts != nil {
@@ -314,7 +333,7 @@ FROM `+s.ident+` ORDER BY id`)
 			}
 			r.Headers = append(r.Headers, kgo.RecordHeader{Key: string(hk[i]), Value: v})
 		}
-		l := DeadLetter{Record: &r, Group: group, Class: Class(class), Message: msg, Attempts: attempts}
+		l := deadletter.Letter{Record: &r, Group: group, Class: deadletter.Class(class), Message: msg, Attempts: attempts}
 		if ff != nil {
 			l.FirstFailure = *ff
 		}
@@ -326,7 +345,7 @@ FROM `+s.ident+` ORDER BY id`)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("deadletter: reading %s: %w", s.ident, err)
+		return fmt.Errorf("pgsink: reading %s: %w", s.ident, err)
 	}
 	return nil
 }

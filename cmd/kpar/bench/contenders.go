@@ -70,9 +70,9 @@ func contenderNamed(name string) (contender, bool) {
 	case NaivePool:
 		return contender{name, one, true, runNaivePool}, true
 	case KparKey:
-		return contender{name, one, true, runKpar(kpar.Key)}, true
+		return contender{name, one, true, runKpar(kpar.ByKey)}, true
 	case KparPartition:
-		return contender{name, one, true, runKpar(kpar.Partition)}, true
+		return contender{name, one, true, runKpar(kpar.ByPartition)}, true
 	case KparUnordered:
 		return contender{name, one, true, runKpar(kpar.Unordered)}, true
 	case Sarama:
@@ -113,14 +113,14 @@ func runPerPartition(ctx context.Context, e *env) error {
 	)
 }
 
-func runKpar(o kpar.Ordering) func(ctx context.Context, e *env) error {
+func runKpar(o kpar.Order) func(ctx context.Context, e *env) error {
 	return func(ctx context.Context, e *env) error {
-		opts := []kpar.Opt{
+		opts := []kpar.ConsumerOpt{
 			kpar.Brokers(e.brokers...),
 			kpar.Group(e.group),
 			kpar.Topics(e.topic),
 			kpar.Concurrency(e.concurrency),
-			kpar.WithOrdering(o),
+			kpar.Ordering(o),
 			kpar.ClientOptions(e.kgoOpts...),
 		}
 		if e.commitEvery > 0 {

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/forward"
+	"github.com/kpar/kpar/internal/kgolog"
+)
+
+// cmdBackfill POSTs every record of a fixed range of a topic to an HTTP
+// endpoint, as forward does, with several readers per partition and no
+// consumer group (kpar.Backfill).
+//
+// It exits 0 with a one-line summary once the range is done, 1 when it
+// cannot finish (brokers unreachable, a fatal client error, stopped by a
+// signal: the progress is saved then), and 2 for bad usage, a bad range or
+// a progress file of another range.
+func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("backfill", ` --brokers LIST --topic T --from X --to Y --url URL
+
+POSTs every record of topic T from X (inclusive) to Y (exclusive) to URL,
+exactly as 'kpar forward' does (same request, same answers: 2xx done;
+408, 429, 5xx retried; other 4xx dead-lettered), without a consumer group:
+each partition's range is cut into --readers slices, each read by its own
+client from its first offset to its end. X and Y are offsets (the same in
+every partition) or RFC 3339 times (the first record at or after the
+time, per partition). Records are handled in any order. With --progress,
+the finished part of each slice is saved there (atomically, fsynced) and a
+second run with the same file and range resumes where the first stopped.
+SIGINT or SIGTERM finishes in-flight requests, saves the progress and
+exits 1.`, stderr)
+	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
+	topic := fs.String("topic", "", "topic `T` to read (required)")
+	partitions := fs.String("partitions", "", "comma-separated `LIST` of partitions to read (default every partition)")
+	from := fs.String("from", "", "first offset or RFC 3339 time `X` of the range, inclusive (required)")
+	to := fs.String("to", "", "end offset or RFC 3339 time `Y` of the range, exclusive (required)")
+	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
+	readers := fs.Int("readers", 1, "readers per partition, each with its own client and slice of the range")
+	concurrency := fs.Int("concurrency", 64, "requests in flight at once over all readers, and the size of the keep-alive connection pool")
+	progressFile := fs.String("progress", "", "keep the progress in `FILE` and resume from it (default none: a new run starts over)")
+	progressInterval := fs.Duration("progress-interval", time.Second, "save the progress at most this often (and at the end)")
+	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered")
+	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
+	retryBackoffMax := fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts")
+	attemptTimeout := fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included")
+	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` (default <topic>.dlq)")
+	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled")
+	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
+	sec := securityFlags(fs)
+	if code, ok := fs.parse(args); !ok {
+		return code
+	}
+
+	if fs.NArg() > 0 {
+		return fs.usageError("unexpected argument %q", fs.Arg(0))
+	}
+	for _, req := range []struct{ name, val string }{
+		{"brokers", *brokers}, {"topic", *topic}, {"from", *from}, {"to", *to}, {"url", *target},
+	} {
+		if strings.TrimSpace(req.val) == "" {
+			return fs.usageError("missing --%s (or %s)", req.name, envName(req.name))
+		}
+	}
+	seeds, err := splitBrokers(*brokers)
+	if err != nil {
+		return fs.usageError("invalid --brokers: %v", err)
+	}
+	r := kpar.Range{Topic: *topic}
+	if r.Partitions, err = parsePartitions(*partitions); err != nil {
+		return fs.usageError("invalid --partitions %q: %v", *partitions, err)
+	}
+	if r.From, err = kpar.ParsePosition(*from); err != nil {
+		return fs.usageError("invalid --from: %v", strings.TrimPrefix(err.Error(), "kpar: "))
+	}
+	if r.To, err = kpar.ParsePosition(*to); err != nil {
+		return fs.usageError("invalid --to: %v", strings.TrimPrefix(err.Error(), "kpar: "))
+	}
+	switch {
+	case *readers < 1 || *readers > 256:
+		return fs.usageError("invalid --readers %d: want 1 to 256", *readers)
+	case *concurrency < 1 || *concurrency > 1<<16:
+		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
+	case *progressInterval <= 0:
+		return fs.usageError("invalid --progress-interval %v: want more than 0", *progressInterval)
+	case *maxAttempts < 1:
+		return fs.usageError("invalid --max-attempts %d: want 1 or more", *maxAttempts)
+	case *retryBackoff <= 0:
+		return fs.usageError("invalid --retry-backoff %v: want more than 0", *retryBackoff)
+	case *retryBackoffMax < *retryBackoff:
+		return fs.usageError("invalid --retry-backoff-max %v: want at least --retry-backoff (%v)", *retryBackoffMax, *retryBackoff)
+	case *attemptTimeout <= 0:
+		return fs.usageError("invalid --attempt-timeout %v: want more than 0", *attemptTimeout)
+	case *shutdownTimeout <= 0:
+		return fs.usageError("invalid --shutdown-timeout %v: want more than 0", *shutdownTimeout)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fs.usageError("invalid --log-level %q: use debug, info, warn or error", *logLevel)
+	}
+	if *dlqTopic == "" {
+		*dlqTopic = *topic + ".dlq"
+	}
+	if *dlqTopic == *topic {
+		return fs.usageError("invalid --dlq-topic %q: it is the topic being read", *dlqTopic)
+	}
+	h, err := forward.New(*target, forward.Concurrency(*concurrency), forward.Timeout(*attemptTimeout))
+	if err != nil {
+		return fs.usageError("invalid --url: %v", strings.TrimPrefix(err.Error(), "forward: "))
+	}
+	defer h.CloseIdleConnections()
+	secOpts, err := sec.kgoOpts()
+	if err != nil {
+		return fs.usageError("%v", err)
+	}
+
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	fail := func(msg string, err error) int {
+		log.Error(msg, "err", err)
+		fmt.Fprintf(stderr, "kpar backfill: %v\n", err)
+		return 1
+	}
+	if sec.plainTextPassword() {
+		log.Warn("SASL PLAIN without TLS sends the password in clear text; add --tls or --tls-ca")
+	}
+	// Dead letters go through a producer client of their own, as in
+	// forward: each on the partition matching its original.
+	dlqClient, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(seeds...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.AllowAutoTopicCreation(),
+		kgo.WithLogger(kgolog.Logger{L: log.With("client", "dead-letters")}),
+	}, secOpts...)...)
+	if err != nil {
+		return fail("kpar backfill: creating the dead-letter client", err)
+	}
+	defer dlqClient.Close()
+
+	opts := []kpar.ConsumerOpt{
+		kpar.Brokers(seeds...),
+		kpar.ClientOptions(secOpts...),
+		kpar.Readers(*readers),
+		kpar.Concurrency(*concurrency),
+		kpar.CommitInterval(*progressInterval),
+		kpar.MaxAttempts(*maxAttempts),
+		kpar.RetryBackoff(*retryBackoff, *retryBackoffMax),
+		kpar.AttemptTimeout(*attemptTimeout),
+		kpar.ShutdownTimeout(*shutdownTimeout),
+		kpar.DeadLetters(deadletter.NewKafkaSink(dlqClient, deadletter.TopicName(*dlqTopic))),
+		kpar.WithLogger(log),
+	}
+	if *progressFile != "" {
+		opts = append(opts, kpar.ProgressFile(*progressFile))
+	}
+	log.Info("kpar backfill starting", "brokers", strings.Join(seeds, ","), "topic", *topic,
+		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
+		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dlq_topic", *dlqTopic)
+
+	if err := sec.checkBrokers(ctx, seeds, connectTimeout); err != nil {
+		if ctx.Err() != nil {
+			return fail("kpar backfill: stopped before starting", ctx.Err())
+		}
+		return fail("kpar backfill: cannot use the brokers", err)
+	}
+	res, err := kpar.Backfill(ctx, h, r, opts...)
+	switch {
+	case errors.Is(err, kpar.ErrBadRange), errors.Is(err, kpar.ErrProgressMismatch):
+		fmt.Fprintf(stderr, "kpar backfill: %v\n", strings.TrimPrefix(err.Error(), "kpar: "))
+		return 2
+	case err != nil && ctx.Err() != nil:
+		fmt.Fprintf(stderr, "kpar backfill: stopped before the range was done: %s\n", summary(res))
+		if *progressFile != "" {
+			fmt.Fprintf(stderr, "kpar backfill: progress saved in %s; run the same command again to resume\n", *progressFile)
+		}
+		return 1
+	case err != nil:
+		if why := sec.explainConnectError(err); why != nil {
+			err = why
+		}
+		return fail("kpar backfill: stopped", err)
+	}
+	fmt.Fprintf(stdout, "kpar backfill: done: %s\n", summary(res))
+	return 0
+}
+
+// summary is the one-line account of a backfill run.
+func summary(res kpar.BackfillResult) string {
+	s := fmt.Sprintf("records %d, failed %d, dead-lettered %d, seconds %.2f",
+		res.Records, res.Failed, res.DeadLettered, res.Elapsed.Seconds())
+	if res.AlreadyDone > 0 {
+		s += fmt.Sprintf(" (resumed: %d offsets already done)", res.AlreadyDone)
+	}
+	return s
+}
+
+// parsePartitions parses "0,3,7"; "" means every partition (nil).
+func parsePartitions(s string) ([]int32, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var ps []int32
+	for _, f := range strings.Split(s, ",") {
+		p, err := strconv.ParseInt(strings.TrimSpace(f), 10, 32)
+		if err != nil || p < 0 {
+			return nil, fmt.Errorf("%q is not a partition number", f)
+		}
+		if slices.Contains(ps, int32(p)) {
+			return nil, fmt.Errorf("partition %d is listed twice", p)
+		}
+		ps = append(ps, int32(p))
+	}
+	return ps, nil
+}

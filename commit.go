@@ -1,0 +1,272 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar/internal/offsetmeta"
+)
+
+// The committer goroutine owns commits while Run consumes; revokes and the
+// final commit call commit directly, and kgo serialises every commit of the
+// client, so at most one is in flight and they land in order.
+//
+// It commits as soon as a window start or the finished set above it moved,
+// at most once per CommitInterval, and not at all while nothing finishes.
+// Each partition's commit carries, in its metadata, the finished offsets
+// above the start (package offsetmeta), so that after a crash or rebalance
+// the next owner skips them.
+
+// askCommit tells the committer that progress was made. Called with mu held;
+// costs a bool test per finished record.
+func (e *engine) askCommit() {
+	if !e.commitAsked {
+		e.commitAsked = true
+		select {
+		case e.commitWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (e *engine) committer(ctx context.Context) {
+	var (
+		last  time.Time
+		fails int
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.commitWake:
+		}
+		// Spacing: one CommitInterval after the last commit began, longer
+		// after failures (doubling up to 5s) so a broker that is down is
+		// not hammered.
+		spacing := e.cfg.commitInterval
+		if fails > 0 {
+			spacing = min(e.cfg.commitInterval<<min(fails, 20), 5*time.Second)
+		}
+		if wait := spacing - time.Since(last); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		last = time.Now()
+		err := e.commit(ctx, nil)
+		switch {
+		case err == nil:
+			fails = 0
+		case ctx.Err() != nil:
+			return
+		default:
+			fails++
+			if fails&(fails-1) == 0 { // 1, 2, 4, 8...: summarised, not one line per try
+				e.log.Warn("kpar: commit failed; retrying with backoff, newer progress included",
+					"consecutive_failures", fails, "err", err)
+			}
+			e.mu.Lock()
+			e.askCommit() // try again after the backoff
+			e.mu.Unlock()
+		}
+	}
+}
+
+// commitPart is one partition's share of a commit.
+type commitPart struct {
+	ps       *partState
+	offset   int64
+	progress uint64
+	base     int64 // the window start the runs are above
+	runs     []offsetmeta.Run
+	limit    int // ps.metaLimit when the snapshot was taken
+	meta     string
+	covered  int // offsets the metadata covers
+	cut      bool
+}
+
+// commit commits the window start of the given partitions (all live and
+// revoking ones when only is nil), with the finished offsets above it in
+// the metadata, where either changed since the last commit.
+//
+// Commits are serialised by commitMu from snapshot to response, so an older
+// snapshot never lands after a newer one.
+func (e *engine) commit(ctx context.Context, only []*partState) error {
+	e.commitMu.Lock()
+	defer e.commitMu.Unlock()
+	retry, err := e.commitOnce(ctx, only)
+	// Partitions whose metadata the broker refused as too large go again at
+	// once with a smaller budget (halved each time, then plain).
+	for range 8 {
+		if len(retry) == 0 {
+			break
+		}
+		var again error
+		retry, again = e.commitOnce(ctx, retry)
+		if again == nil {
+			err = withoutTooLarge(err)
+		}
+	}
+	return err
+}
+
+// commitOnce is one OffsetCommit; it returns the partitions to commit
+// again with less metadata. Called with commitMu held.
+func (e *engine) commitOnce(ctx context.Context, only []*partState) ([]*partState, error) {
+	var todo []commitPart
+	e.mu.Lock()
+	e.commitAsked = false
+	add := func(ps *partState) {
+		if ps.status == dropped {
+			return
+		}
+		off, ok := ps.win.Start()
+		if !ok || (off == ps.committed && ps.progress == ps.committedProg) {
+			return
+		}
+		p := commitPart{ps: ps, offset: off, progress: ps.progress, base: off, limit: ps.metaLimit}
+		if ps.metaLimit > 0 {
+			ps.win.EachFinishedRun(func(from, to int64) {
+				p.runs = append(p.runs, offsetmeta.Run{From: from, To: to})
+			})
+		}
+		todo = append(todo, p)
+	}
+	if only != nil {
+		for _, ps := range only {
+			add(ps)
+		}
+	} else {
+		for _, ps := range e.parts {
+			add(ps)
+		}
+	}
+	e.mu.Unlock()
+	if len(todo) == 0 {
+		return nil, nil
+	}
+
+	// Encoding runs outside the lock.
+	offsets := make(map[string]map[int32]kgo.EpochOffset)
+	byTP := make(map[tp]*commitPart, len(todo))
+	for i := range todo {
+		p := &todo[i]
+		var n int
+		p.meta, n = offsetmeta.Encode(p.base, p.runs, p.limit)
+		p.cut = n < len(p.runs)
+		for _, r := range p.runs[:n] {
+			p.covered += int(r.Len())
+		}
+		if offsets[p.ps.topic] == nil {
+			offsets[p.ps.topic] = make(map[int32]kgo.EpochOffset)
+		}
+		offsets[p.ps.topic][p.ps.partition] = kgo.EpochOffset{Epoch: -1, Offset: p.offset}
+		byTP[p.ps.tp] = p
+	}
+	// kgo builds the request (member, generation, topic IDs and the
+	// version they need); the metadata is ours. Without this hook kgo
+	// writes its member ID there.
+	withMeta := kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		for i := range req.Topics {
+			t := &req.Topics[i]
+			for j := range t.Partitions {
+				if p := byTP[tp{t.Topic, t.Partitions[j].Partition}]; p != nil {
+					t.Partitions[j].Metadata = &p.meta
+				}
+			}
+		}
+		return nil
+	})
+
+	var (
+		commitErr error
+		tooLarge  []*commitPart
+	)
+	asked := make(map[string]map[int32]int64)
+	for _, p := range todo {
+		if asked[p.ps.topic] == nil {
+			asked[p.ps.topic] = make(map[int32]int64)
+		}
+		asked[p.ps.topic][p.ps.partition] = p.offset
+	}
+	e.cl.CommitOffsetsSync(withMeta, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			commitErr = err
+			asked = nil // the request failed: nothing was committed
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, rp := range t.Partitions {
+				err := kerr.ErrorForCode(rp.ErrorCode)
+				if err == nil {
+					continue
+				}
+				delete(asked[t.Topic], rp.Partition)
+				if errors.Is(err, kerr.OffsetMetadataTooLarge) {
+					if p := byTP[tp{t.Topic, rp.Partition}]; p != nil {
+						tooLarge = append(tooLarge, p)
+					}
+				}
+				commitErr = errors.Join(commitErr, fmt.Errorf("%s/%d: %w", t.Topic, rp.Partition, err))
+			}
+		}
+	})
+
+	e.mu.Lock()
+	for i := range todo {
+		p := &todo[i]
+		if _, ok := asked[p.ps.topic][p.ps.partition]; !ok {
+			continue
+		}
+		if p.offset >= p.ps.committed {
+			p.ps.committed = p.offset
+			p.ps.committedProg = p.progress
+			p.ps.committedMeta, p.ps.metaCut = p.covered, p.cut
+		}
+	}
+	for _, p := range tooLarge {
+		// The broker's offset.metadata.max.bytes is below ours: halve the
+		// budget (down to plain commits) and commit again at once.
+		p.ps.metaLimit /= 2
+		if p.ps.metaLimit < len(offsetmeta.Prefix)+8 {
+			p.ps.metaLimit = 0
+		}
+		e.log.Warn("kpar: broker refused the commit metadata as too large; committing with a smaller finished-offsets set",
+			"topic", p.ps.topic, "partition", p.ps.partition, "bytes", len(p.meta), "new_limit", p.ps.metaLimit)
+	}
+	e.mu.Unlock()
+	for _, h := range e.hooks.commit {
+		h.OnCommit(asked, commitErr)
+	}
+	var retry []*partState
+	for _, p := range tooLarge {
+		retry = append(retry, p.ps)
+	}
+	return retry, commitErr
+}
+
+// withoutTooLarge drops OFFSET_METADATA_TOO_LARGE errors from a joined
+// commit error, once the smaller commit that followed succeeded.
+func withoutTooLarge(err error) error {
+	var keep []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !errors.Is(e, kerr.OffsetMetadataTooLarge) {
+				keep = append(keep, e)
+			}
+		}
+	} else if err != nil && !errors.Is(err, kerr.OffsetMetadataTooLarge) {
+		keep = append(keep, err)
+	}
+	return errors.Join(keep...)
+}

@@ -1,0 +1,185 @@
+package kpar
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// commitSignal returns a hook that signals after every commit, and the
+// channel it signals on.
+func commitSignal() (Hook, <-chan struct{}) {
+	ch := make(chan struct{}, 1)
+	return commitHook(func(map[string]map[int32]int64, error) {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}), ch
+}
+
+// waitPartition waits, commit by commit, until the first partition's
+// stats satisfy ok.
+func waitPartition(t *testing.T, c *Consumer, commits <-chan struct{}, what string, ok func(PartitionStats) bool) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case <-commits:
+			if st := c.Partitions(); len(st) > 0 && ok(st[0]) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s; partitions: %+v", what, c.Partitions())
+		}
+	}
+}
+
+// TestCommitMetadataFallsBackWhenTooLarge runs against a broker whose
+// offset.metadata.max.bytes is 20: kpar must keep committing, with less
+// metadata, instead of failing every commit.
+func TestCommitMetadataFallsBackWhenTooLarge(t *testing.T) {
+	c := newCluster(t, "meta", 1)
+	produce(t, c, "meta", 200, 200)
+	var refused int
+	var mu sync.Mutex
+	c.ControlKey(kmsg.OffsetCommit.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kr.(*kmsg.OffsetCommitRequest)
+		tooLarge := false
+		for _, t := range req.Topics {
+			for _, p := range t.Partitions {
+				if p.Metadata != nil && len(*p.Metadata) > 20 {
+					tooLarge = true
+				}
+			}
+		}
+		if !tooLarge {
+			return nil, nil, false
+		}
+		mu.Lock()
+		refused++
+		mu.Unlock()
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, t := range req.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.OffsetMetadataTooLarge.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+
+	// Even offsets below 100 wait for release, so the finished set
+	// alternates: too large for 20 bytes in either encoding.
+	release := make(chan struct{})
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset < 100 && r.Offset%2 == 0 {
+			<-release
+		}
+		return nil
+	})
+	hook, commits := commitSignal()
+	cons, err := New(h, append(testOpts(c, "meta", "meta"), Ordering(Unordered), WithHooks(hook))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitPartition(t, cons, commits, "a commit of offset 0 with a cut finished set", func(s PartitionStats) bool {
+		return s.Committed == 0 && s.Finished == 150 && s.CommittedFinished > 0 && s.MetadataCut
+	})
+	close(release)
+	waitPartition(t, cons, commits, "the commit of offset 200", func(s PartitionStats) bool { return s.Committed == 200 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if refused == 0 {
+		t.Fatal("the broker never refused metadata: the test did not test the fallback")
+	}
+}
+
+// TestForeignCommitMetadataRedelivers starts a group whose committed
+// offsets carry metadata kpar did not write (a kgo member ID, damaged kpar
+// metadata): nothing is skipped, every record from the committed offset on
+// is handled.
+func TestForeignCommitMetadataRedelivers(t *testing.T) {
+	c := newCluster(t, "foreign", 2)
+	produce(t, c, "foreign", 200, 200)
+	adm := adminClient(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(ctx, "foreign")
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { end[o.Partition] = o.Offset })
+	var os kadm.Offsets
+	os.Add(kadm.Offset{Topic: "foreign", Partition: 0, At: 5, LeaderEpoch: -1, Metadata: "kgo-member-1234"})
+	os.Add(kadm.Offset{Topic: "foreign", Partition: 1, At: 7, LeaderEpoch: -1, Metadata: "kpar1:BwFyAQAB"}) // offset 7, runs, count 1, then cut short
+	if resp, err := adm.CommitOffsets(ctx, "foreign", os); err != nil || resp.Error() != nil {
+		t.Fatalf("pre-commit: %v %v", err, resp.Error())
+	}
+
+	want := int(end[0]-5) + int(end[1]-7)
+	l := newLedger(want)
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.success(r); return nil })
+	cons, err := New(h, testOpts(c, "foreign", "foreign")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, l.done, 20*time.Second, "every record from the committed offsets")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if distinct, _ := l.counts(); distinct != want {
+		t.Fatalf("handled %d distinct records, want %d", distinct, want)
+	}
+}
+
+// TestSlowRecordDoesNotHoldBackOthers blocks one record's handler while
+// fast handlers run: a worker that took the slow record in a batch of
+// fast ones must not sit on the others (they go back to the ready queue).
+func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
+	for _, o := range []Order{ByKey, Unordered} {
+		t.Run(o.String(), func(t *testing.T) {
+			c := newCluster(t, "slow", 1)
+			const n = 900               // below WindowRecords: the blocked record holds the window start
+			produce(t, c, "slow", n, n) // every record its own key
+			release := make(chan struct{})
+			l := newLedger(n - 1)
+			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+				if r.Offset == 500 {
+					<-release
+					return nil
+				}
+				l.success(r)
+				return nil
+			})
+			cons, err := New(h, append(testOpts(c, "slow", "slow"), Ordering(o), Concurrency(8))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, cons)
+			waitFor(t, l.done, 20*time.Second, "every record but the blocked one")
+			close(release)
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -1,0 +1,145 @@
+package kpar
+
+import (
+	"time"
+
+	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/offsetmeta"
+	"github.com/kpar/kpar/internal/sched"
+	"github.com/kpar/kpar/internal/window"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// item is a scheduled record with its bookkeeping.
+type item struct {
+	rec      *kgo.Record
+	part     *partState
+	seq      window.Seq
+	size     int64
+	attempts int
+	first    time.Time // first dispatch, for latency
+
+	x *extra // failure and retry-topic state; nil for most records
+}
+
+// extra is the state of the few records that failed or came from a retry
+// topic, kept out of item so the common record stays small.
+type extra struct {
+	// Failure history, set under mu by fail.
+	firstFailure time.Time
+	lastFailure  time.Time
+	lastErr      error
+	class        deadletter.Class
+	warnedNoSink bool
+
+	// Records consumed from a retry topic: the level n of <topic>.retry.<n>,
+	// when they are due, the attempts before this level, and the original
+	// record the handler sees.
+	level         int
+	due           time.Time
+	priorAttempts int
+	origin        *kgo.Record
+}
+
+// ext returns it's extra state, allocating it on first use.
+func (it *item) ext() *extra {
+	if it.x == nil {
+		it.x = new(extra)
+	}
+	return it.x
+}
+
+// level is the retry topic level the record came from, 0 for the original
+// topic.
+func (it *item) level() int {
+	if it.x == nil {
+		return 0
+	}
+	return it.x.level
+}
+
+// original is the record as the handler sees it: for a record from a retry
+// topic, the original topic, partition, offset and headers.
+func (it *item) original() *kgo.Record {
+	if it.x != nil && it.x.origin != nil {
+		return it.x.origin
+	}
+	return it.rec
+}
+
+func (it *item) totalAttempts() int {
+	if it.x == nil {
+		return it.attempts
+	}
+	return it.x.priorAttempts + it.attempts
+}
+
+type task = sched.Task[item]
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+type partStatus uint8
+
+const (
+	live     partStatus = iota // records are dispatched
+	revoking                   // being revoked: finishing in-flight records, dispatching nothing new
+	dropped                    // state released; late completions are ignored
+)
+
+// partState is one assigned partition. Every field is guarded by engine.mu.
+type partState struct {
+	tp
+	status  partStatus
+	level   int // n when this is retry topic n, else 0
+	win     *window.Window
+	lanes   sched.Lanes[item]
+	bytes   int64 // recordSize of unfinished records, held ones included
+	waiting int64 // the part of bytes waiting on retry timers, outside engine.bytes
+	running int   // records handed to workers and not finished yet
+	paused  bool
+	// held are fetched records that did not fit in the window, in offset
+	// order, waiting for room. Once a window's worth is held the partition
+	// is paused until half of that drained, so held records never exceed
+	// one window plus one fetch of the partition.
+	held      []*kgo.Record
+	committed int64         // last committed offset, -1 for none
+	idle      chan struct{} // closed when running drops to 0 while revoking
+
+	// Finished-offsets bookkeeping for the committer (commit.go).
+	progress      uint64 // bumped whenever a record of the window finishes
+	committedProg uint64 // progress as of the last successful commit
+	committedMeta int    // finished offsets above committed the last commit's metadata covered
+	metaCut       bool   // the last commit's metadata left finished offsets out
+	metaLimit     int    // metadata bytes allowed; lowered when a broker refuses the size
+	// skip holds the finished offsets read from the commit metadata at
+	// assignment: records fetched at these offsets are finished without
+	// running (push). Sorted; consumed from the front as records arrive.
+	skip    []offsetmeta.Run
+	skipped int // records finished from skip in this assignment
+	// resumeAt is the committed offset read at assignment (-1 for none
+	// or unread); the first fetched record is checked against it once, to
+	// report an offset reset.
+	resumeAt int64
+
+	// Stuck detection, sampled by the watchdog.
+	stuckOffset   int64
+	stuckSince    time.Time
+	stuckReported bool
+}
+
+// finishedBefore reports whether offset is in the finished set read from
+// the commit metadata at assignment. Offsets arrive in increasing order, so
+// runs below offset are dropped as it goes.
+func (ps *partState) finishedBefore(offset int64) bool {
+	for len(ps.skip) > 0 && ps.skip[0].To <= offset {
+		ps.skip = ps.skip[1:]
+	}
+	if len(ps.skip) == 0 {
+		ps.skip = nil
+		return false
+	}
+	return ps.skip[0].From <= offset
+}

@@ -1,0 +1,261 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// poll is the only caller of PollRecords. It returns nil when ctx ends and
+// an error when the client reports a fatal one.
+func (e *engine) poll(ctx context.Context) error {
+	for {
+		if !e.waitForBytes(ctx) {
+			return nil
+		}
+		fs := e.cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			return nil
+		}
+		if err := fatalFetchError(fs, e.log, ""); err != nil {
+			return err
+		}
+		e.admit(fs)
+	}
+}
+
+// isFatal reports errors that retrying cannot fix: bad credentials and
+// missing permissions. Run returns them instead of looping.
+func isFatal(err error) bool {
+	return errors.Is(err, kerr.SaslAuthenticationFailed) ||
+		errors.Is(err, kerr.TopicAuthorizationFailed) ||
+		errors.Is(err, kerr.GroupAuthorizationFailed) ||
+		errors.Is(err, kerr.ClusterAuthorizationFailed) ||
+		errors.Is(err, kerr.IllegalSaslState) ||
+		errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.InconsistentGroupProtocol)
+}
+
+// waitForBytes waits until buffered bytes are below MaxBufferedBytes. It
+// reports false when ctx ended first.
+func (e *engine) waitForBytes(ctx context.Context) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.bytes >= e.cfg.maxBytes {
+		e.pollWait = true
+		e.mu.Unlock()
+		select {
+		case <-e.space:
+		case <-ctx.Done():
+			e.mu.Lock()
+			return false
+		}
+		e.mu.Lock()
+	}
+	return true
+}
+
+// recordOverhead approximates the memory a buffered record costs beyond its
+// bytes: the kgo.Record and kpar's task.
+const recordOverhead = 256
+
+// recordSize is what a buffered record counts against MaxBufferedBytes.
+func recordSize(r *kgo.Record) int64 {
+	n := recordOverhead + len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}
+
+// admit puts polled records into their windows and the scheduler. Records
+// that do not fit in a full window are held until it has room; once a
+// window's worth is held the partition is paused: the client stops fetching
+// it while the others go on.
+func (e *engine) admit(fs kgo.Fetches) {
+	// The lock is taken per partition, and each slab allocated before it,
+	// so workers finishing records wait for one partition's worth of
+	// bookkeeping at most, not a whole fetch's.
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		slab := make([]task, min(len(p.Records), e.cfg.windowRecords))
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		ps := e.parts[tp{p.Topic, p.Partition}]
+		if ps == nil || ps.status != live {
+			return // not ours (any more): the owner fetches them again
+		}
+		recs := p.Records
+		// Offsets only grow within an assignment; older ones mean the
+		// client rewound (an offset reset). Records already admitted are
+		// done or still tracked, so skipping them loses nothing.
+		last := ps.win.End() - 1
+		if n := len(ps.held); n > 0 {
+			last = ps.held[n-1].Offset
+		}
+		for len(recs) > 0 && recs[0].Offset <= last {
+			recs = recs[1:]
+		}
+		if ps.committed < 0 && len(recs) > 0 {
+			// Commit the first window start even before anything
+			// finishes: a crash then resumes here, not wherever
+			// ConsumeResetOffset points.
+			e.askCommit()
+		}
+		if ps.resumeAt >= 0 && len(recs) > 0 {
+			if first := recs[0].Offset; first < ps.resumeAt {
+				// The committed offset was out of range (beyond the log
+				// after a topic was recreated, or below its start after
+				// retention) and the client reset to ConsumeResetOffset.
+				e.log.Warn("kpar: committed offset out of range; consuming from the reset offset instead",
+					"topic", ps.topic, "partition", ps.partition, "committed", ps.resumeAt, "reset_to", first)
+			}
+			ps.resumeAt = -1
+		}
+		for _, r := range recs {
+			size := recordSize(r)
+			ps.bytes += size
+			e.bytes += size
+			e.pending++
+		}
+		readyBefore := e.ready.Len()
+		if len(ps.held) == 0 {
+			room := min(len(recs), e.cfg.windowRecords-ps.win.Len())
+			e.push(ps, recs[:room], slab)
+			recs = recs[room:]
+		}
+		ps.held = append(ps.held, recs...)
+		// Keep up to one window of records fetched ahead, so a draining
+		// window refills without waiting for a fetch; pause beyond that.
+		// (A resume takes effect only with the next fetch, which can wait
+		// FetchMaxWait, so pausing on every overflow stalls the pipeline.)
+		if len(ps.held) >= e.cfg.windowRecords && !ps.paused {
+			ps.paused = true
+			e.toggleFetch(fetchToggle{ps.tp, true, ps.win.Len(), true})
+		}
+		e.wake(e.ready.Len() - readyBefore)
+	})
+}
+
+// push appends records to ps's window and schedules them. Called with mu
+// held.
+func (e *engine) push(ps *partState, recs []*kgo.Record, slab []task) {
+	if len(recs) == 0 {
+		return
+	}
+	// One allocation per push instead of one per record; admit brings its
+	// own, made outside the lock.
+	if len(slab) < len(recs) {
+		slab = make([]task, len(recs))
+	}
+	for i, r := range recs {
+		if ps.skip != nil && ps.finishedBefore(r.Offset) {
+			// Finished before the last commit (its metadata said so):
+			// take its place in the window, done, without running it.
+			ps.win.Done(ps.win.Push(r.Offset))
+			ps.progress++
+			ps.skipped++
+			size := recordSize(r)
+			ps.bytes -= size
+			e.bytes -= size
+			e.pending--
+			e.budgetFreed()
+			continue
+		}
+		t := &slab[i]
+		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
+		if ps.level > 0 {
+			if err := decodeRetry(&t.Value, ps.level); err != nil {
+				e.log.Warn("kpar: retry-topic record with bad kpar headers; handling it now as it is",
+					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			}
+		}
+		e.schedule(t)
+	}
+}
+
+// fatalFetchError logs the errors of a poll and returns the first one that
+// retrying cannot fix (see isFatal), for the engine and RunMembers alike.
+// who prefixes the error's text and attrs the log lines.
+func fatalFetchError(fs kgo.Fetches, log *slog.Logger, who string, attrs ...any) error {
+	var fatal error
+	fs.EachError(func(topic string, partition int32, err error) {
+		switch {
+		case errors.Is(err, context.Canceled):
+		case errors.Is(err, kerr.InconsistentGroupProtocol):
+			if fatal == nil {
+				fatal = fmt.Errorf("%w (%v)", ErrOrderingMismatch, err)
+			}
+		case isFatal(err):
+			if fatal == nil {
+				fatal = fmt.Errorf("kpar: %sfatal error from the client (topic %q, partition %d): %w", who, topic, partition, err)
+			}
+		default:
+			log.Warn("kpar: fetch error", append(attrs, "topic", topic, "partition", partition, "err", err)...)
+		}
+	})
+	return fatal
+}
+
+// fetchToggle is a decision, taken under mu, to pause or resume fetching a
+// partition; the fetch controller applies it to the client and tells the
+// hooks, outside the lock.
+type fetchToggle struct {
+	tp
+	pause    bool
+	buffered int  // the window's size when it was decided, for the hooks
+	report   bool // call the paused/resumed hooks (not for a dropped partition)
+}
+
+// toggleFetch queues t for the fetch controller. Called with mu held.
+func (e *engine) toggleFetch(t fetchToggle) {
+	e.toggles = append(e.toggles, t)
+	select {
+	case e.toggleWake <- struct{}{}:
+	default:
+	}
+}
+
+// fetchController applies pause and resume decisions in the order they
+// were taken, so that neither the client nor a user hook is ever called
+// under the engine's lock. It runs until ctx ends.
+func (e *engine) fetchController(ctx context.Context) {
+	var todo []fetchToggle
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.toggleWake:
+		}
+		e.mu.Lock()
+		todo, e.toggles = e.toggles, todo[:0]
+		e.mu.Unlock()
+		for _, t := range todo {
+			parts := map[string][]int32{t.topic: {t.partition}}
+			if t.pause {
+				e.cl.PauseFetchPartitions(parts)
+			} else {
+				e.cl.ResumeFetchPartitions(parts)
+			}
+			if !t.report {
+				continue
+			}
+			if t.pause {
+				for _, h := range e.hooks.paused {
+					h.OnPartitionPaused(t.topic, t.partition, t.buffered)
+				}
+			} else {
+				for _, h := range e.hooks.resumed {
+					h.OnPartitionResumed(t.topic, t.partition, t.buffered)
+				}
+			}
+		}
+		clear(todo)
+	}
+}

@@ -1,0 +1,208 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/kpar/kpar/internal/offsetmeta"
+	"github.com/kpar/kpar/internal/window"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// onAssigned creates the state of newly assigned partitions. kgo calls it
+// before it fetches their committed offsets and starts fetching records, so
+// the finished sets read here are in place before the first record.
+func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	committed, finished := e.readCommitted(ctx, cl, assigned)
+	e.mu.Lock()
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if old := e.parts[k]; old != nil {
+				e.dropLocked(old)
+			}
+			e.parts[k] = &partState{
+				tp:        k,
+				level:     e.retryLevelOf(topic),
+				win:       window.New(e.cfg.windowRecords),
+				committed: -1,
+				metaLimit: e.cfg.commitMetadataBytes,
+				skip:      finished[k],
+				resumeAt:  -1,
+			}
+			if at, ok := committed[k]; ok {
+				e.parts[k].resumeAt = at
+			}
+		}
+	}
+	e.mu.Unlock()
+	e.log.Info("kpar: partitions assigned", "assigned", assigned)
+	for _, h := range e.hooks.assigned {
+		h.OnPartitionsAssigned(assigned)
+	}
+}
+
+// onRevoked stops dispatching the revoked partitions, waits up to
+// RevokeTimeout for their running records, commits their window starts and
+// drops their state.
+func (e *engine) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	var (
+		revokingParts []*partState
+		idle          []chan struct{}
+	)
+	e.mu.Lock()
+	for topic, ps := range revoked {
+		for _, p := range ps {
+			s := e.parts[tp{topic, p}]
+			if s == nil || s.status != live {
+				continue
+			}
+			s.status = revoking
+			revokingParts = append(revokingParts, s)
+			if s.running > 0 {
+				s.idle = make(chan struct{})
+				idle = append(idle, s.idle)
+			}
+		}
+	}
+	e.mu.Unlock()
+
+	if e.closing.Load() {
+		idle = nil // the shutdown drain waited for them already, within its bound
+	}
+	t := time.NewTimer(e.cfg.revokeTimeout)
+	defer t.Stop()
+wait:
+	for _, ch := range idle {
+		select {
+		case <-ch:
+		case <-t.C:
+			e.log.Warn("kpar: revoke timeout passed with records running; committing what finished")
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	if len(revokingParts) == 0 {
+		return
+	}
+	if err := e.commit(ctx, revokingParts); err != nil {
+		e.log.Warn("kpar: commit on revoke failed; the new owner may handle some records again", "err", err)
+	}
+	e.mu.Lock()
+	for _, s := range revokingParts {
+		e.dropLocked(s)
+	}
+	e.mu.Unlock()
+	e.log.Info("kpar: partitions revoked", "revoked", revoked)
+	for _, h := range e.hooks.revoked {
+		h.OnPartitionsRevoked(revoked, false)
+	}
+}
+
+// onLost drops lost partitions without committing: another member may own
+// them already.
+func (e *engine) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	e.mu.Lock()
+	for topic, ps := range lost {
+		for _, p := range ps {
+			if s := e.parts[tp{topic, p}]; s != nil {
+				e.dropLocked(s)
+			}
+		}
+	}
+	e.mu.Unlock()
+	if len(lost) == 0 {
+		return // kgo reports an empty loss on every group error while the brokers are down
+	}
+	e.log.Warn("kpar: partitions lost: dropped without a commit; their new owner handles their unfinished records", "lost", lost)
+	for _, h := range e.hooks.revoked {
+		h.OnPartitionsRevoked(lost, true)
+	}
+}
+
+// dropLocked releases a partition's state. Its queued records are skipped
+// when popped, its retry timers stopped, and late completions ignored.
+func (e *engine) dropLocked(ps *partState) {
+	if ps.status == dropped {
+		return
+	}
+	ps.status = dropped
+	e.bytes -= ps.bytes - ps.waiting
+	e.pending -= ps.win.Pending() + len(ps.held)
+	ps.bytes, ps.held = 0, nil
+	for t, tm := range e.timers {
+		if t.Value.part == ps {
+			tm.Stop()
+			delete(e.timers, t)
+		}
+	}
+	if ps.paused {
+		ps.paused = false
+		e.toggleFetch(fetchToggle{ps.tp, false, 0, false})
+	}
+	if e.parts[ps.tp] == ps {
+		delete(e.parts, ps.tp)
+	}
+	e.budgetFreed()
+}
+
+// readCommitted reads the committed offsets of the assigned partitions with
+// their metadata and decodes the finished sets kpar stored there. Anything
+// it cannot read or decode (a failed request, metadata of another client,
+// a future version) means nothing is skipped: those records are handled
+// again, never lost.
+func (e *engine) readCommitted(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (map[tp]int64, map[tp][]offsetmeta.Run) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resps, err := kadm.NewClient(cl).FetchOffsets(ctx, e.cfg.group)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		e.log.Warn("kpar: reading the finished offsets of the last commit failed; records finished above the committed offsets will be handled again", "err", err)
+		return nil, nil
+	}
+	at := make(map[tp]int64)
+	out := make(map[tp][]offsetmeta.Run)
+	for topic, parts := range assigned {
+		for _, p := range parts {
+			r, ok := resps.Lookup(topic, p)
+			if !ok || r.At < 0 {
+				continue
+			}
+			at[tp{topic, p}] = r.At
+			if r.Metadata == "" || e.cfg.commitMetadataBytes == 0 {
+				continue
+			}
+			runs, err := offsetmeta.Decode(r.Metadata, r.At)
+			if err != nil {
+				if !errors.Is(err, offsetmeta.ErrNotKpar) {
+					e.log.Warn("kpar: unreadable finished-offsets metadata; handling every record from the committed offset",
+						"topic", topic, "partition", p, "offset", r.At, "err", err)
+				}
+				continue
+			}
+			out[tp{topic, p}] = runs
+		}
+	}
+	return at, out
+}
+
+// orderedBalancer is the cooperative-sticky balancer under a protocol name
+// that carries the ordering mode ("kpar-key-cooperative-sticky"). A group
+// only admits members that share a protocol name, so a member started with
+// another ordering (which would silently break per-key order on the
+// partitions it gets) is refused with INCONSISTENT_GROUP_PROTOCOL, and Run
+// returns ErrOrderingMismatch. The price: a kpar group cannot be shared
+// with plain consumers; set kgo.Balancers in ClientOptions to opt out.
+type orderedBalancer struct {
+	kgo.GroupBalancer
+	ordering Order
+}
+
+func (b orderedBalancer) ProtocolName() string {
+	return "kpar-" + b.ordering.String() + "-" + b.GroupBalancer.ProtocolName()
+}
