@@ -139,7 +139,7 @@ const maxReaders = 256
 //
 // Progress: for each slice, the offset below which every record is
 // finished. With ProgressFile it is saved (atomically and fsynced) when it
-// moved, at most once per CommitInterval, and when Backfill returns. A call
+// moved, at most once per CommitInterval (default 1s here), and when Backfill returns. A call
 // with the same file and the same Range resumes: slices are read from their
 // saved offsets, finished slices not at all. A file of another range is
 // refused (ErrProgressMismatch). After a crash, the records a resumed call
@@ -214,6 +214,9 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...ConsumerOpt) (Bac
 func backfillConfig(r Range, opts []ConsumerOpt) (*cfg, error) {
 	c := defaultCfg()
 	c.backfill = true
+	// CommitInterval paces the fsynced progress file here, not broker
+	// commits: its default is a second.
+	c.commitInterval = time.Second
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)

@@ -91,6 +91,8 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled")
+	commitInterval := fs.Duration("commit-interval", 2*time.Millisecond, "least time between two commits: a crash repeats the requests in flight plus what finished within one interval; each member commits at most 1/interval times a second, never while idle")
+	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
@@ -236,6 +238,8 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		kpar.Brokers(seeds...),
 		kpar.ClientOptions(append(consumeOpts, secOpts...)...),
 		kpar.Group(*group),
+		kpar.InstanceID(*instanceID),
+		kpar.CommitInterval(*commitInterval),
 		kpar.Topics(subscribed...),
 		kpar.Concurrency(*concurrency),
 		kpar.Ordering(ord),
