@@ -43,7 +43,8 @@ shared machine mean little.
 
 Contenders: raw (one franz-go poll loop), per-partition (one group member per
 partition, kpar.RunMembers), naive-pool (one poller, a worker pool, commits the
-highest finished offset), kpar-key, kpar-partition, kpar-unordered, sarama.
+highest finished offset), kpar-key, kpar-partition, kpar-unordered, and sarama
+in a binary built with -tags sarama (go build -tags sarama ./cmd/kpar).
 
 Scenarios: noop (no work), io (--latency sleep at --concurrency), keys (io in
 key mode with 10, 1,000 and 100,000 keys vs unordered), cpu (--cpu-work of CPU

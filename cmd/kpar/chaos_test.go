@@ -127,6 +127,13 @@ func TestChaosKillLoop(t *testing.T) {
 	}
 	const concurrency, keys = 32, 500
 	bin := buildKpar(t)
+	// KPAR_CHAOS_BIN runs another build of kpar (an older one, to measure
+	// before and after in one scenario); it gets no --instance-id and
+	// --commit-interval, and only the figures are reported.
+	other := os.Getenv("KPAR_CHAOS_BIN")
+	if other != "" {
+		bin = other
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "4")
@@ -136,10 +143,16 @@ func TestChaosKillLoop(t *testing.T) {
 	ep := newChaosEndpoint(t)
 	// A session timeout far above the restart time: only static
 	// membership lets the restarted member resume before it expires.
-	const sessionTimeout = 30 * time.Second
+	sessionTimeout := 30 * time.Second
 	args := []string{"--brokers", addr, "--group", group, "--topic", topic, "--url", ep.srv.URL,
-		"--concurrency", strconv.Itoa(concurrency), "--ordering", "key", "--instance-id", "chaos-1",
-		"--session-timeout", sessionTimeout.String(), "--commit-interval", cmp.Or(os.Getenv("KPAR_CHAOS_COMMIT_INTERVAL"), "2ms"), "--retry-backoff", "5ms", "--log-level", "warn"}
+		"--concurrency", strconv.Itoa(concurrency), "--ordering", "key", "--retry-backoff", "5ms", "--log-level", "warn"}
+	if other == "" {
+		args = append(args, "--instance-id", "chaos-1",
+			"--commit-interval", cmp.Or(os.Getenv("KPAR_CHAOS_COMMIT_INTERVAL"), "2ms"))
+	} else {
+		sessionTimeout = 6 * time.Second // the broker's least: a dynamic member's restart waits for it
+	}
+	args = append(args, "--session-timeout", sessionTimeout.String())
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	var inFlight []int
@@ -180,16 +193,24 @@ func TestChaosKillLoop(t *testing.T) {
 	dups := ep.dupsIn[1:] // epoch 0 ends with the first kill: what follows each kill is its cost
 	t.Logf("%d records, %d kills, concurrency %d: 0 lost; duplicates after each kill %v (max %d, total %d); requests in flight at each kill %v; time to first delivery after each restart %v",
 		records, kills, concurrency, dups, slices.Max(dups), sum(dups), inFlight, resume)
+	if other != "" {
+		return
+	}
 	if ep.dupsIn[0] != 0 {
 		t.Errorf("%d duplicates before the first kill", ep.dupsIn[0])
 	}
+	// A kill repeats the requests in flight (at most the concurrency,
+	// plus answers not yet read) and what finished within one commit
+	// spacing and the commit's round trip: at this endpoint's speed (about
+	// 15,000 records a second) 2 ms plus a round trip is another
+	// concurrency's worth or so.
 	for k, d := range dups {
-		// In flight at the kill (at most the concurrency, plus answers
-		// not yet read), plus what finished within one commit spacing
-		// (20 ms) and the commit's own round trip.
-		if d > 2*concurrency {
-			t.Errorf("kill %d: %d duplicates, want at most %d (2 x concurrency; %d requests were in flight)", k+1, d, 2*concurrency, inFlight[k])
+		if d > 3*concurrency {
+			t.Errorf("kill %d: %d duplicates, want at most %d (3 x concurrency; %d requests were in flight)", k+1, d, 3*concurrency, inFlight[k])
 		}
+	}
+	if mean := sum(dups) / len(dups); mean > 2*concurrency {
+		t.Errorf("%d duplicates per kill on average, want at most %d (2 x concurrency)", mean, 2*concurrency)
 	}
 	for k, d := range resume {
 		if d >= sessionTimeout/2 {

@@ -131,8 +131,11 @@ var benchTopics int
 func benchScenario(b *testing.B, scenario string, names []string, keys int, w func() work, concurrency int) {
 	r := benchRunner(b)
 	for _, name := range names {
-		c, _ := contenderNamed(name)
+		c, ok := contenderNamed(name)
 		b.Run(name, func(b *testing.B) {
+			if !ok {
+				b.Skipf("%s is not in this build (go test -tags sarama)", name)
+			}
 			b.ReportAllocs()
 			ctx := context.Background()
 			benchTopics++

@@ -2,12 +2,10 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
@@ -54,12 +52,22 @@ const (
 	Sarama        = "sarama"
 )
 
-// Contenders lists every contender name.
+// Contenders lists every contender name of this build: sarama only when
+// built with -tags sarama (see sarama.go).
 func Contenders() []string {
-	return []string{Raw, PerPartition, NaivePool, KparKey, KparPartition, KparUnordered, Sarama}
+	names := []string{Raw, PerPartition, NaivePool, KparKey, KparPartition, KparUnordered}
+	if runSarama != nil {
+		names = append(names, Sarama)
+	}
+	return names
 }
 
 func one(int) int { return 1 }
+
+// runSarama is set by sarama.go, built only with -tags sarama: the sarama
+// contender would otherwise make every kpar binary (and the first `go run
+// ./cmd/kpar demo`) download and build sarama and its Kerberos stack.
+var runSarama func(context.Context, *env) error
 
 func contenderNamed(name string) (contender, bool) {
 	switch name {
@@ -76,7 +84,7 @@ func contenderNamed(name string) (contender, bool) {
 	case KparUnordered:
 		return contender{name, one, true, runKpar(kpar.Unordered)}, true
 	case Sarama:
-		return contender{name, one, false, runSarama}, true
+		return contender{name, one, false, runSarama}, runSarama != nil
 	}
 	return contender{}, false
 }
@@ -249,57 +257,4 @@ func runNaivePool(ctx context.Context, e *env) error {
 	defer cancel()
 	commit(fctx)
 	return nil
-}
-
-// runSarama is IBM/sarama's consumer group with a sequential handler per
-// claimed partition (sarama runs each claim in its own goroutine), marking
-// each message after handling it; sarama's default 1s autocommit.
-func runSarama(ctx context.Context, e *env) error {
-	cfg := sarama.NewConfig()
-	cfg.ClientID = "kpar-bench"
-	cfg.Version = sarama.V3_6_0_0
-	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-	if e.heartbeat > 0 {
-		cfg.Consumer.Group.Heartbeat.Interval = e.heartbeat
-	}
-	if e.fetchMaxWait > 0 {
-		cfg.Consumer.MaxWaitTime = e.fetchMaxWait
-	}
-	g, err := sarama.NewConsumerGroup(e.brokers, e.group, cfg)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-	h := saramaHandler{e}
-	for ctx.Err() == nil {
-		if err := g.Consume(ctx, []string{e.topic}, h); err != nil {
-			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-	}
-	return nil
-}
-
-type saramaHandler struct{ e *env }
-
-func (saramaHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
-func (saramaHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
-
-func (h saramaHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
-	var r kgo.Record // one per claim: the handler is sequential
-	for {
-		select {
-		case m, ok := <-c.Messages():
-			if !ok {
-				return nil
-			}
-			r = kgo.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
-			_ = h.e.handle(s.Context(), &r)
-			s.MarkMessage(m, "")
-		case <-s.Context().Done():
-			return nil
-		}
-	}
 }
