@@ -56,12 +56,6 @@ func (s *stash) pop() *task {
 	return t
 }
 
-func (s *stash) push(t *task) {
-	s.mu.Lock()
-	s.tasks = append(s.tasks, t)
-	s.mu.Unlock()
-}
-
 func (s *stash) len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -177,8 +171,13 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 	now := start
 	ran := 0
 	locked := false
+	var carry *task // a lane's successor, run next by this worker
 	for {
-		t := st.pop()
+		t := carry
+		carry = nil
+		if t == nil {
+			t = st.pop()
+		}
 		if t == nil {
 			break
 		}
@@ -217,7 +216,7 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
-				st.push(next)
+				carry = next
 			} else {
 				e.ready.Push(next)
 				if st.len() > 0 {
