@@ -579,3 +579,19 @@ func TestMembersWithAnotherOrderingAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFetchErrorsAreLoggedWithBackoff logs a storm of fetch errors through
+// the poller's log: one line a second at most, the rest counted.
+func TestFetchErrorsAreLoggedWithBackoff(t *testing.T) {
+	var n atomic.Int64
+	l := fetchErrorLog{log: slog.New(countingHandler{&n})}
+	for range 10_000 {
+		l.Warn("kpar: fetch error", "err", "UNKNOWN_TOPIC_ID")
+	}
+	if got := n.Load(); got != 1 {
+		t.Fatalf("%d lines for 10,000 errors within a second, want 1", got)
+	}
+	if l.held != 9_999 {
+		t.Fatalf("held back %d, want 9999 (reported with the next line)", l.held)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -241,3 +242,11 @@ func createTopic(t testing.TB, c *kfake.Cluster, topic string, partitions int32)
 		t.Fatal(err)
 	}
 }
+
+// countingHandler is a slog.Handler that counts records.
+type countingHandler struct{ n *atomic.Int64 }
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (h countingHandler) Handle(context.Context, slog.Record) error { h.n.Add(1); return nil }
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
+func (h countingHandler) WithGroup(string) slog.Handler             { return h }

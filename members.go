@@ -150,13 +150,14 @@ func (m *member) run(ctx context.Context) error {
 	})
 	defer stopTimer()
 
+	fetchLog := fetchErrorLog{log: m.cfg.logger}
 	for {
 		fs := cl.PollRecords(ctx, membersPollRecords)
 		if fs.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
 			return nil
 		}
-		fatal := fatalFetchError(fs, m.cfg.logger, fmt.Sprintf("member %d: ", m.id), "member", m.id)
+		fatal := fatalFetchError(fs, &fetchLog, fmt.Sprintf("member %d: ", m.id), "member", m.id)
 		if fatal != nil {
 			cl.AllowRebalance()
 			return fatal

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -13,6 +14,7 @@ import (
 // poll is the only caller of PollRecords. It returns nil when ctx ends and
 // an error when the client reports a fatal one.
 func (e *engine) poll(ctx context.Context) error {
+	fetchLog := fetchErrorLog{log: e.log}
 	for {
 		if !e.waitForBytes(ctx) {
 			return nil
@@ -21,7 +23,7 @@ func (e *engine) poll(ctx context.Context) error {
 		if fs.IsClientClosed() || ctx.Err() != nil {
 			return nil
 		}
-		if err := fatalFetchError(fs, e.log, ""); err != nil {
+		if err := fatalFetchError(fs, &fetchLog, ""); err != nil {
 			return err
 		}
 		e.admit(fs)
@@ -180,10 +182,33 @@ func (e *engine) push(ps *partState, recs []*kgo.Record, slab []task) {
 	}
 }
 
+// fetchErrorLog logs fetch errors at most once a second, with the count of
+// those it held back since: a broker that fails every fetch (a deleted
+// topic, a broker down) would otherwise log thousands of lines a second.
+// It belongs to one polling goroutine.
+type fetchErrorLog struct {
+	log  *slog.Logger
+	last time.Time
+	held int
+}
+
+func (l *fetchErrorLog) Warn(msg string, attrs ...any) {
+	now := time.Now()
+	if now.Sub(l.last) < time.Second {
+		l.held++
+		return
+	}
+	if l.held > 0 {
+		attrs = append(attrs, "similar_errors_not_logged", l.held)
+	}
+	l.last, l.held = now, 0
+	l.log.Warn(msg, attrs...)
+}
+
 // fatalFetchError logs the errors of a poll and returns the first one that
 // retrying cannot fix (see isFatal), for the engine and RunMembers alike.
 // who prefixes the error's text and attrs the log lines.
-func fatalFetchError(fs kgo.Fetches, log *slog.Logger, who string, attrs ...any) error {
+func fatalFetchError(fs kgo.Fetches, log *fetchErrorLog, who string, attrs ...any) error {
 	var fatal error
 	fs.EachError(func(topic string, partition int32, err error) {
 		switch {
