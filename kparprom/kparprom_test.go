@@ -368,3 +368,38 @@ func TestMetricsReportDeadLettersAndStuckRecords(t *testing.T) {
 		t.Errorf("sink holds %d letters, hooks reported %d", len(sink.letters), tot.DeadLettered)
 	}
 }
+
+// TestBacklogIsBelowLagWhenRecordsFinishOutOfOrder holds offset 0 while
+// offsets 1-19 finish: the commit lag is the whole partition (the
+// committed offset stays at 0), the backlog is one record.
+func TestBacklogIsBelowLagWhenRecordsFinishOutOfOrder(t *testing.T) {
+	const topic, n = "t", 20
+	cluster := newCluster(t, topic, 1)
+	produce(t, cluster, topic, n, n)
+	m := kparprom.New()
+	release := make(chan struct{})
+	cons := newConsumer(t, cluster, m, "g", topic, func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset == 0 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	pc := m.PartitionCollector(cons.Partitions)
+	g := collectorGatherer(t, pc)
+	run(t, cons)
+	eventually(t, 20*time.Second, "19 records finished above the held one", func() bool {
+		return sum(t, g, "kpar_partition_window_finished", nil) == n-1 && sum(t, g, "kpar_partition_commit_lag", nil) == n
+	})
+	if got := sum(t, g, "kpar_backlog_records", nil); got != 1 {
+		t.Errorf("kpar_backlog_records = %v, want 1 (commit lag is %d)", got, n)
+	}
+	if got := sum(t, g, "kpar_backlog_records_all", nil); got != 1 {
+		t.Errorf("kpar_backlog_records_all = %v, want 1", got)
+	}
+	close(release)
+	eventually(t, 20*time.Second, "backlog 0", func() bool { return sum(t, g, "kpar_backlog_records_all", nil) == 0 })
+}

@@ -30,6 +30,12 @@ type PartitionStatus struct {
 	// group's offset from before this assignment while kpar has committed
 	// nothing yet), never below 0; -1 when either is unknown.
 	Lag int64
+	// Backlog is the records of the partition not finished yet:
+	// HighWatermark minus the window start minus the records finished
+	// above it (the start is the committed offset while nothing was
+	// fetched). It is smaller than Lag whenever records finish out of
+	// order, and is what is left to do; -1 when unknown.
+	Backlog int64
 	// StuckOffset is the offset of the record that has held the window
 	// start since kpar reported it stuck (HookRecordStuck), or -1.
 	StuckOffset int64
@@ -56,7 +62,7 @@ func (m *Metrics) PartitionStatus(ctx context.Context, stats []kpar.PartitionSta
 	}
 	now := time.Now()
 	for i, s := range stats {
-		st := PartitionStatus{PartitionStats: s, HighWatermark: -1, Lag: -1, StuckOffset: -1}
+		st := PartitionStatus{PartitionStats: s, HighWatermark: -1, Lag: -1, Backlog: -1, StuckOffset: -1}
 		if since, ok := m.held.at(tp{s.Topic, s.Partition}, s.Start); ok {
 			st.StuckOffset, st.StuckFor = s.Start, now.Sub(since)
 		}
@@ -70,6 +76,12 @@ func (m *Metrics) PartitionStatus(ctx context.Context, stats []kpar.PartitionSta
 			}
 			if committed >= 0 {
 				st.Lag = max(hwm-committed, 0)
+			}
+			switch {
+			case s.Start >= 0:
+				st.Backlog = max(hwm-s.Start-int64(s.Finished), 0)
+			case committed >= 0:
+				st.Backlog = st.Lag
 			}
 		}
 		out[i] = st
@@ -192,6 +204,8 @@ func (e *endOffsets) get(ctx context.Context, stats []kpar.PartitionStats) (map[
 //	<ns>_partition_committed_offset{topic,partition} offset kpar last committed
 //	<ns>_partition_high_watermark{topic,partition}   end offset listed from the brokers
 //	<ns>_partition_commit_lag{topic,partition}       high watermark - committed
+//	<ns>_backlog_records{topic,partition}            records not finished: high watermark - start - finished above it
+//	<ns>_backlog_records_all                         the sum over the assigned partitions (for autoscaling)
 //	<ns>_partition_stuck_seconds{topic,partition}    how long a stuck record has held the start, 0 if none
 //
 // Offsets that are not known yet (-1) are left out rather than reported as
@@ -216,6 +230,11 @@ func (m *Metrics) PartitionCollector(stats func() []kpar.PartitionStats) prometh
 		hwm:       desc("high_watermark", "Partition's high watermark as last listed from the brokers."),
 		lag:       desc("commit_lag", "High watermark minus the committed offset: records not yet committed."),
 		stuck:     desc("stuck_seconds", "How long the record kpar reported stuck has held the window start; 0 when none is stuck."),
+		backlog: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_records"),
+			"Records of the partition not finished yet: high watermark minus window start minus records finished above it. Below commit_lag when records finish out of order.",
+			[]string{"topic", "partition"}, nil),
+		backlogAll: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "backlog_records_all"),
+			"Records not finished yet over the partitions assigned to this member: the autoscaling signal.", nil, nil),
 	}
 }
 
@@ -225,10 +244,11 @@ type partitionCollector struct {
 
 	assigned                                                                 *prometheus.Desc
 	start, end, size, finished, inFlight, paused, committed, hwm, lag, stuck *prometheus.Desc
+	backlog, backlogAll                                                      *prometheus.Desc
 }
 
 func (c *partitionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.assigned, c.start, c.end, c.size, c.finished, c.inFlight, c.paused, c.committed, c.hwm, c.lag, c.stuck} {
+	for _, d := range []*prometheus.Desc{c.assigned, c.start, c.end, c.size, c.finished, c.inFlight, c.paused, c.committed, c.hwm, c.lag, c.stuck, c.backlog, c.backlogAll} {
 		ch <- d
 	}
 }
@@ -236,7 +256,9 @@ func (c *partitionCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *partitionCollector) Collect(ch chan<- prometheus.Metric) {
 	sts := c.m.PartitionStatus(context.Background(), c.stats())
 	ch <- prometheus.MustNewConstMetric(c.assigned, prometheus.GaugeValue, float64(len(sts)))
+	var all int64
 	for _, s := range sts {
+		all += max(s.Backlog, 0)
 		labels := []string{s.Topic, strconv.Itoa(int(s.Partition))}
 		gauge := func(d *prometheus.Desc, v float64) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
@@ -260,7 +282,9 @@ func (c *partitionCollector) Collect(ch chan<- prometheus.Metric) {
 		known(c.hwm, s.HighWatermark)
 		known(c.lag, s.Lag)
 		gauge(c.stuck, s.StuckFor.Seconds())
+		known(c.backlog, s.Backlog)
 	}
+	ch <- prometheus.MustNewConstMetric(c.backlogAll, prometheus.GaugeValue, float64(all))
 }
 
 // stuckRecords remembers, per partition, the record kpar reported stuck

@@ -156,6 +156,7 @@ type partitionStatus struct {
 	Committed     int64  `json:"committed"`      // last committed by kpar in this assignment
 	HighWatermark int64  `json:"high_watermark"` // as last listed from the brokers
 	Lag           int64  `json:"lag"`            // high watermark - committed
+	Backlog       int64  `json:"backlog"`        // records not finished: high watermark - start - finished
 	Buffered      int    `json:"buffered"`       // records from start through end
 	Finished      int    `json:"finished"`       // records above start already done
 	InFlight      int    `json:"in_flight"`      // records in a handler now
@@ -180,7 +181,7 @@ func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusRe
 		resp.Partitions = append(resp.Partitions, partitionStatus{
 			Topic: s.Topic, Partition: s.Partition,
 			Start: s.Start, End: s.End, Committed: s.Committed,
-			HighWatermark: s.HighWatermark, Lag: s.Lag,
+			HighWatermark: s.HighWatermark, Lag: s.Lag, Backlog: s.Backlog,
 			Buffered: s.Buffered, Finished: s.Finished, InFlight: s.InFlight,
 			Paused:      s.Paused,
 			StuckOffset: s.StuckOffset, StuckSeconds: s.StuckFor.Seconds(),
