@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kpar/kpar/deadletter"
+	invariant "github.com/kpar/kpar/internal/ledger"
 )
 
 // sinkCase is one dead-letter sink under the behavioural suite: how to make
@@ -471,4 +472,50 @@ func TestRetriesDoNotStarveHealthyPartitions(t *testing.T) {
 	stop := runConsumer(t, cons)
 	waitFor(t, done, 30*time.Second, "every record of the healthy partition")
 	stop()
+}
+
+// TestRetriesKeepOrderInEveryMode fails 10% of first attempts (some by
+// panicking) in every ordering mode: nothing is lost, and in ByKey and
+// ByPartition a record's first success never overtakes an earlier record
+// of its key or partition, retried ones included (internal/ledger checks).
+func TestRetriesKeepOrderInEveryMode(t *testing.T) {
+	for _, mode := range []struct {
+		order Order
+		check invariant.Order
+	}{{ByKey, invariant.ByKey}, {ByPartition, invariant.ByPartition}, {Unordered, invariant.Unordered}} {
+		t.Run(mode.order.String(), func(t *testing.T) {
+			const n, keys = 3000, 40
+			c := newCluster(t, "order", 4)
+			l := invariant.New(mode.check, n)
+			produce(t, c, "order", n, keys, l.Produced)
+			var tries sync.Map // "p/offset" -> attempts so far
+			h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+				k := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
+				v, _ := tries.LoadOrStore(k, new(atomic.Int64))
+				if v.(*atomic.Int64).Add(1) == 1 {
+					switch r.Offset % 20 {
+					case 3:
+						return errors.New("downstream hiccup")
+					case 11:
+						panic("bad luck")
+					}
+				}
+				l.Handled(r)
+				return nil
+			})
+			cons, err := New(h, append(testOpts(c, "g", "order"), Ordering(mode.order), MaxAttempts(5))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, cons)
+			waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			rep := l.Report()
+			if rep.Lost != 0 || rep.OrderViolations != 0 || rep.Unexpected != 0 {
+				t.Fatalf("%+v: want nothing lost, no order violations", rep)
+			}
+		})
+	}
 }

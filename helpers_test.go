@@ -84,7 +84,7 @@ func decodeValue(b []byte) produced {
 // produce writes n records spread over keys keys (key i%keys), each value
 // carrying (key, per-key sequence). Records of one key land in one
 // partition, in production order.
-func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int) {
+func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int, onAck ...func(*kgo.Record)) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
 	if err != nil {
@@ -102,7 +102,12 @@ func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int) {
 		k := i % keys
 		r := &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", k), Value: encodeValue(k, seqs[k])}
 		seqs[k]++
-		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, r, func(r *kgo.Record, err error) {
+			if err == nil {
+				for _, f := range onAck {
+					f(r)
+				}
+			}
 			if err != nil {
 				mu.Lock()
 				if first == nil {
