@@ -147,6 +147,24 @@ func (c *Consumer) Overdue() int {
 	return int(e.overdue.Load())
 }
 
+// ConcurrencyLimit returns how many attempts may run at once now: the
+// adaptive limit with AdaptiveConcurrency, else Concurrency. It returns 0
+// when not running.
+func (c *Consumer) ConcurrencyLimit() int {
+	c.mu.Lock()
+	e := c.eng
+	c.mu.Unlock()
+	if e == nil {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lim == nil {
+		return e.cfg.concurrency
+	}
+	return e.lim.Limit()
+}
+
 // PartitionStats is a snapshot of one assigned partition's window.
 type PartitionStats struct {
 	Topic     string

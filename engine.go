@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kpar/kpar/internal/limit"
 	"github.com/kpar/kpar/internal/sched"
 )
 
@@ -50,6 +51,12 @@ type engine struct {
 	// sink); exileWake nudges it.
 	exiled    []*task
 	exileWake chan struct{}
+	// lim is the adaptive in-flight limit (AdaptiveConcurrency), nil when
+	// off; active counts records taken by workers and not finished, which
+	// it bounds; limitWake is armed while the limit pauses dispatching.
+	lim       *limit.Adaptive
+	active    int
+	limitWake *time.Timer
 	// toggles are pause/resume decisions for the fetch controller
 	// (poll.go); toggleWake (capacity 1) wakes it.
 	toggles    []fetchToggle
@@ -92,6 +99,9 @@ func newEngine(c *Consumer) *engine {
 		e.stuckAfter = 2 * c.cfg.attemptTimeout
 	}
 	e.cond.L = &e.mu
+	if c.cfg.adaptive {
+		e.lim = limit.New(c.cfg.concurrency)
+	}
 	return e
 }
 
@@ -208,6 +218,10 @@ func (e *engine) run(ctx context.Context) error {
 	drained := e.drain(time.Until(deadline.Add(-reserve)))
 	e.mu.Lock()
 	e.stop = true
+	if e.limitWake != nil {
+		e.limitWake.Stop()
+		e.limitWake = nil
+	}
 	for t, tm := range e.timers {
 		tm.Stop()
 		delete(e.timers, t)

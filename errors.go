@@ -29,6 +29,31 @@ var ErrShutdownTimeout = errors.New("kpar: shutdown timeout passed with records 
 // out).
 var ErrOrderingMismatch = errors.New("kpar: the group's members use another ordering mode (or are not kpar consumers): use one ordering for every member of a group")
 
+// Overloaded marks err as the downstream pushing back (an HTTP 429 or 503,
+// a connection refused, a full queue). With AdaptiveConcurrency it lowers
+// the in-flight limit, and the attempt does not count against MaxAttempts:
+// the record waits until the downstream takes it, it is not dead-lettered
+// for the downstream's overload. Without it, it is an ordinary failure.
+// Overloaded(nil) returns nil.
+func Overloaded(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &overloadedError{err}
+}
+
+// IsOverloaded reports whether err, or an error it wraps, was marked
+// Overloaded.
+func IsOverloaded(err error) bool {
+	var o *overloadedError
+	return errors.As(err, &o)
+}
+
+type overloadedError struct{ err error }
+
+func (e *overloadedError) Error() string { return e.err.Error() }
+func (e *overloadedError) Unwrap() error { return e.err }
+
 // Permanent marks err as not worth retrying: the record goes straight to the
 // failure path (the dead-letter sink, once configured) without further
 // attempts. Permanent(nil) returns nil.

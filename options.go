@@ -110,6 +110,7 @@ type cfg struct {
 	commitInterval      time.Duration
 	commitMetadataBytes int
 	instanceID          string
+	adaptive            bool
 	shutdownTimeout     time.Duration
 	revokeTimeout       time.Duration
 	retryBase           time.Duration
@@ -233,6 +234,18 @@ func CommitInterval(d time.Duration) ConsumerOpt {
 func CommitMetadataBytes(n int) ConsumerOpt {
 	return consumerOpt(func(c *cfg) { c.commitMetadataBytes = n })
 }
+
+// AdaptiveConcurrency makes the number of attempts in flight adapt to the
+// downstream, between 1 and Concurrency (the ceiling): it starts at 4 and
+// grows while attempts succeed without their latency rising, and shrinks
+// when the downstream pushes back (an error marked Overloaded, an attempt
+// past AttemptTimeout, latency rising to twice its long-run level). At 1,
+// continued overload pauses dispatching (10ms doubling to 5s) between
+// probes. Records waiting for the limit stay in their window (fetching
+// pauses as usual) and burn no attempts; an Overloaded failure does not
+// count against MaxAttempts either. Consumer.ConcurrencyLimit reports the
+// limit. Default: off (Concurrency attempts at most, always).
+func AdaptiveConcurrency() ConsumerOpt { return consumerOpt(func(c *cfg) { c.adaptive = true }) }
 
 // InstanceID makes the consumer a static group member (KIP-345) with this
 // group.instance.id: a member that restarts with the same ID within the

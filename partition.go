@@ -18,6 +18,7 @@ type item struct {
 	size     int64
 	attempts int
 	first    time.Time // first dispatch, for latency
+	started  time.Time // this attempt's dispatch, for the adaptive limit
 
 	x *extra // failure and retry-topic state; nil for most records
 }

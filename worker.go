@@ -92,6 +92,7 @@ func (e *engine) stealer(ctx context.Context) {
 			for _, t := range stolen {
 				ps := t.Value.part
 				ps.running--
+				e.active--
 				if ps.running == 0 && ps.idle != nil {
 					close(ps.idle)
 					ps.idle = nil
@@ -119,7 +120,7 @@ func (e *engine) worker(ctx context.Context, slot int) {
 	)
 	e.mu.Lock()
 	for {
-		for e.ready.Len() == 0 && !e.stop {
+		for (e.ready.Len() == 0 || e.limited()) && !e.stop {
 			e.idle++
 			e.cond.Wait()
 			e.idle--
@@ -216,6 +217,7 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
+				e.active++
 				carry = next
 			} else {
 				e.ready.Push(next)
@@ -283,7 +285,7 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 	if e.batch == nil && perRecord < fastHandler {
 		n = min(maxTake, (e.ready.Len()+e.cfg.concurrency-1)/e.cfg.concurrency)
 	}
-	for len(batch) < n {
+	for len(batch) < n && !e.limited() {
 		t := e.ready.Pop()
 		if t == nil {
 			break
@@ -301,12 +303,32 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 			}
 		}
 		ps.running++
+		before := len(batch)
 		batch = append(batch, t)
 		if e.batch != nil {
 			batch = e.fillBatch(batch, t)
 		}
+		e.active += len(batch) - before
 	}
 	return batch
+}
+
+// limited reports whether the adaptive limit lets no attempt start now,
+// arming a wake-up when it pauses dispatching. Called with mu held.
+func (e *engine) limited() bool {
+	if e.lim == nil {
+		return false
+	}
+	ok, wait := e.lim.Allow(time.Now(), e.active)
+	if !ok && wait > 0 && e.limitWake == nil {
+		e.limitWake = time.AfterFunc(wait, func() {
+			e.mu.Lock()
+			e.limitWake = nil
+			e.wake(1)
+			e.mu.Unlock()
+		})
+	}
+	return !ok
 }
 
 // fillBatch extends a batch started by first with the records that may run
@@ -339,6 +361,7 @@ func isLaned(o Order, t *task) bool {
 func (e *engine) dispatched(t *task, now time.Time) {
 	it := &t.Value
 	it.attempts++
+	it.started = now
 	if it.attempts == 1 {
 		it.first = now
 	}
@@ -412,6 +435,11 @@ func (c *cfg) backoff(attempt int) time.Duration {
 func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) (next *task) {
 	ps := t.Value.part
 	ps.running--
+	e.active--
+	if e.lim != nil {
+		e.lim.Done(time.Now(), time.Since(t.Value.started), timedOut || IsOverloaded(err))
+		e.wake(1) // the limit may have room again
+	}
 	switch {
 	case ps.status == dropped:
 	case err == nil:

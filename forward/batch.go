@@ -128,7 +128,7 @@ func (b *batcher) send(bt *batch) {
 	}
 	resp, err := h.do(req)
 	if err != nil {
-		fail(fmt.Errorf("forward: batch of %d: %w", n, err))
+		fail(transportError(ctx, fmt.Errorf("forward: batch of %d: %w", n, err)))
 		return
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {

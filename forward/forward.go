@@ -368,7 +368,9 @@ func (h *Handler) CloseIdleConnections() { h.client.CloseIdleConnections() }
 
 // Handle POSTs r (alone, or in a batch with Batch) and classifies the
 // outcome: nil for a 2xx response, a kpar.Permanent error for a response
-// that retrying cannot change, a plain or kpar.RetryAfter error otherwise.
+// that retrying cannot change, kpar.Overloaded for a 429 or 503 (with
+// kpar.RetryAfter when it asked for a wait) and for a request that got no
+// answer, a plain error otherwise.
 func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	if h.batch != nil {
 		return h.batch.handle(ctx, r)
@@ -380,7 +382,7 @@ func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	if err != nil {
 		// Connection errors, timeouts, and the context ending: retryable.
 		// (*url.Error names the method and URL.)
-		return fmt.Errorf("forward: %w", err)
+		return transportError(ctx, fmt.Errorf("forward: %w", err))
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		drain(resp)
@@ -390,6 +392,18 @@ func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 }
 
 func noop() {}
+
+// transportError marks a request that got no answer (connection refused or
+// reset, a timeout) as the endpoint pushing back, kpar.Overloaded: with
+// kpar.AdaptiveConcurrency an endpoint that is down is probed ever more
+// slowly instead of having every record's attempts burnt and dead-lettered.
+// Not when ctx itself ended: kpar stopped the attempt.
+func transportError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	return kpar.Overloaded(err)
+}
 
 // withTimeout applies Timeout unless ctx already ends sooner (kpar's
 // attempt deadline usually does), which saves a timer per request.
@@ -417,11 +431,13 @@ func (h *Handler) classify(serr *StatusError, retryAfter string) error {
 	case c >= 200 && c <= 299:
 		return nil
 	case c == http.StatusTooManyRequests || c == http.StatusServiceUnavailable:
+		// The endpoint pushing back (kpar.Overloaded: see
+		// kpar.AdaptiveConcurrency), with the wait it asked for, if any.
 		if d, ok := parseRetryAfter(retryAfter, time.Now()); ok {
 			serr.RetryAfter = min(d, h.maxRetryAfter)
-			return kpar.RetryAfter(serr, serr.RetryAfter)
+			return kpar.Overloaded(kpar.RetryAfter(serr, serr.RetryAfter))
 		}
-		return serr
+		return kpar.Overloaded(serr)
 	case c == http.StatusRequestTimeout || c >= 500:
 		return serr
 	case c >= 300 && c <= 499:

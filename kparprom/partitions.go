@@ -355,3 +355,15 @@ func (m *Metrics) OverdueCollector(overdue func() int) prometheus.Collector {
 		Help:      "Handler attempts running past AttemptTimeout at the last check (their workers are busy).",
 	}, func() float64 { return float64(overdue()) })
 }
+
+// LimitCollector returns a collector of one gauge, read at scrape time from
+// limit (kpar.Consumer.ConcurrencyLimit):
+//
+//	<ns>_concurrency_limit    attempts allowed in flight now (the adaptive limit, or Concurrency)
+func (m *Metrics) LimitCollector(limit func() int) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: m.cfg.namespace,
+		Name:      "concurrency_limit",
+		Help:      "Handler attempts allowed in flight now: the adaptive limit with AdaptiveConcurrency, else Concurrency.",
+	}, func() float64 { return float64(limit()) })
+}

@@ -91,6 +91,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled")
+	adaptive := fs.Bool("adaptive", false, "adapt the requests in flight to the endpoint, between 1 and --concurrency: fewer on 429, 503, refused connections, timeouts and rising latency, more while it answers fast; such failures then burn no attempt, so an overloaded or down endpoint slows kpar down instead of filling the dead letters")
 	commitInterval := fs.Duration("commit-interval", 2*time.Millisecond, "least time between two commits: a crash repeats the requests in flight plus what finished within one interval; each member commits at most 1/interval times a second, never while idle")
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
@@ -249,6 +250,9 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		kpar.ShutdownTimeout(*shutdownTimeout),
 		kpar.DeadLetters(dl),
 		kpar.WithLogger(log),
+	}
+	if *adaptive {
+		opts = append(opts, kpar.AdaptiveConcurrency())
 	}
 	if len(regexList) > 0 {
 		opts = append(opts, kpar.TopicRegex())

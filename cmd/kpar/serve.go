@@ -58,6 +58,7 @@ func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom
 	cs := append([]prometheus.Collector{
 		m.PartitionCollector(c.Partitions),
 		m.OverdueCollector(c.Overdue),
+		m.LimitCollector(c.ConcurrencyLimit),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}, extra...)
@@ -138,12 +139,15 @@ func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, g prometheus.Gatherer)
 
 // statusResponse is the JSON of /api/status.
 type statusResponse struct {
-	Time        time.Time                  `json:"time"`
-	Ready       bool                       `json:"ready"`
-	Readiness   string                     `json:"readiness"`
-	Totals      kparprom.Totals            `json:"totals"`
-	Partitions  []partitionStatus          `json:"partitions"`
-	DeadLetters []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
+	Time      time.Time       `json:"time"`
+	Ready     bool            `json:"ready"`
+	Readiness string          `json:"readiness"`
+	Totals    kparprom.Totals `json:"totals"`
+	// ConcurrencyLimit is how many records may be in flight now: the
+	// adaptive limit with --adaptive, else --concurrency.
+	ConcurrencyLimit int                        `json:"concurrency_limit"`
+	Partitions       []partitionStatus          `json:"partitions"`
+	DeadLetters      []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
 }
 
 // partitionStatus is one partition of statusResponse. Offsets not known
@@ -170,12 +174,13 @@ type partitionStatus struct {
 func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusResponse {
 	ok, why := m.Ready()
 	resp := statusResponse{
-		Time:        time.Now().UTC(),
-		Ready:       ok,
-		Readiness:   why,
-		Totals:      m.Totals(),
-		Partitions:  []partitionStatus{},
-		DeadLetters: m.RecentDeadLetters(),
+		Time:             time.Now().UTC(),
+		Ready:            ok,
+		Readiness:        why,
+		Totals:           m.Totals(),
+		ConcurrencyLimit: c.ConcurrencyLimit(),
+		Partitions:       []partitionStatus{},
+		DeadLetters:      m.RecentDeadLetters(),
 	}
 	for _, s := range m.PartitionStatus(ctx, c.Partitions()) {
 		resp.Partitions = append(resp.Partitions, partitionStatus{
