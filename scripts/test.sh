@@ -43,7 +43,8 @@ fi
 # the packages (default: ./... of every module, run from the repository
 # root); extra arguments go to go test and win.
 if [ -n "${KPAR_TEST_PKGS:-}" ]; then
-  exec go test -race -count=1 -timeout 15m "$@" $KPAR_TEST_PKGS
+  go test -race -count=1 -timeout 15m "$@" $KPAR_TEST_PKGS # not exec: the EXIT trap stops PostgreSQL
+  exit
 fi
 # The sarama bench contender is built only with -tags sarama (it would
 # otherwise weigh on every kpar binary): at least compile and vet it.
