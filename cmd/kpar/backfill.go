@@ -51,12 +51,8 @@ exits 1.`, stderr)
 	concurrency := fs.Int("concurrency", 64, "requests in flight at once over all readers, and the size of the keep-alive connection pool")
 	progressFile := fs.String("progress", "", "keep the progress in `FILE` and resume from it (default none: a new run starts over)")
 	progressInterval := fs.Duration("progress-interval", time.Second, "save the progress at most this often (and at the end)")
-	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered")
-	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
-	retryBackoffMax := fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts")
-	attemptTimeout := fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included")
+	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` (default <topic>.dlq)")
-	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 	sec := securityFlags(fs)
 	if code, ok := fs.parse(args); !ok {
@@ -94,16 +90,9 @@ exits 1.`, stderr)
 		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
 	case *progressInterval <= 0:
 		return fs.usageError("invalid --progress-interval %v: want more than 0", *progressInterval)
-	case *maxAttempts < 1:
-		return fs.usageError("invalid --max-attempts %d: want 1 or more", *maxAttempts)
-	case *retryBackoff <= 0:
-		return fs.usageError("invalid --retry-backoff %v: want more than 0", *retryBackoff)
-	case *retryBackoffMax < *retryBackoff:
-		return fs.usageError("invalid --retry-backoff-max %v: want at least --retry-backoff (%v)", *retryBackoffMax, *retryBackoff)
-	case *attemptTimeout <= 0:
-		return fs.usageError("invalid --attempt-timeout %v: want more than 0", *attemptTimeout)
-	case *shutdownTimeout <= 0:
-		return fs.usageError("invalid --shutdown-timeout %v: want more than 0", *shutdownTimeout)
+	}
+	if code, ok := att.check(fs); !ok {
+		return code
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -115,7 +104,7 @@ exits 1.`, stderr)
 	if *dlqTopic == *topic {
 		return fs.usageError("invalid --dlq-topic %q: it is the topic being read", *dlqTopic)
 	}
-	h, err := forward.New(*target, forward.Concurrency(*concurrency), forward.Timeout(*attemptTimeout))
+	h, err := forward.New(*target, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
 	if err != nil {
 		return fs.usageError("invalid --url: %v", strings.TrimPrefix(err.Error(), "forward: "))
 	}
@@ -153,13 +142,10 @@ exits 1.`, stderr)
 		kpar.Readers(*readers),
 		kpar.Concurrency(*concurrency),
 		kpar.CommitInterval(*progressInterval),
-		kpar.MaxAttempts(*maxAttempts),
-		kpar.RetryBackoff(*retryBackoff, *retryBackoffMax),
-		kpar.AttemptTimeout(*attemptTimeout),
-		kpar.ShutdownTimeout(*shutdownTimeout),
 		kpar.DeadLetters(deadletter.NewKafkaSink(dlqClient, deadletter.TopicName(*dlqTopic))),
 		kpar.WithLogger(log),
 	}
+	opts = append(opts, att.opts()...)
 	if *progressFile != "" {
 		opts = append(opts, kpar.ProgressFile(*progressFile))
 	}

@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
+
+	"github.com/kpar/kpar"
 )
 
 // flagSet is a flag.FlagSet that also reads KPAR_<FLAG> environment
@@ -77,4 +80,50 @@ func (f *flagSet) parse(args []string) (int, bool) {
 func (f *flagSet) usageError(format string, a ...any) int {
 	fmt.Fprintf(f.stderr, "%s: %s\n", f.Name(), fmt.Sprintf(format, a...))
 	return 2
+}
+
+// attemptFlags are the failure-path flags that kpar forward and kpar
+// backfill share, read, checked and turned into options in one place.
+type attemptFlags struct {
+	maxAttempts                                *int
+	backoff, backoffMax, timeout, shutdownWait *time.Duration
+}
+
+// addAttemptFlags defines the attempt flags on fs; maxAttemptsHelp says
+// where an exhausted record goes.
+func addAttemptFlags(fs *flagSet, maxAttemptsHelp string) attemptFlags {
+	return attemptFlags{
+		maxAttempts:  fs.Int("max-attempts", 3, maxAttemptsHelp),
+		backoff:      fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts"),
+		backoffMax:   fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts"),
+		timeout:      fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included"),
+		shutdownWait: fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled"),
+	}
+}
+
+// check returns the usage error of the first bad value, naming its flag.
+func (a attemptFlags) check(fs *flagSet) (code int, ok bool) {
+	switch {
+	case *a.maxAttempts < 1:
+		return fs.usageError("invalid --max-attempts %d: want 1 or more", *a.maxAttempts), false
+	case *a.backoff <= 0:
+		return fs.usageError("invalid --retry-backoff %v: want more than 0", *a.backoff), false
+	case *a.backoffMax < *a.backoff:
+		return fs.usageError("invalid --retry-backoff-max %v: want at least --retry-backoff (%v)", *a.backoffMax, *a.backoff), false
+	case *a.timeout <= 0:
+		return fs.usageError("invalid --attempt-timeout %v: want more than 0", *a.timeout), false
+	case *a.shutdownWait <= 0:
+		return fs.usageError("invalid --shutdown-timeout %v: want more than 0", *a.shutdownWait), false
+	}
+	return 0, true
+}
+
+// opts are the kpar options the flags set.
+func (a attemptFlags) opts() []kpar.ConsumerOpt {
+	return []kpar.ConsumerOpt{
+		kpar.MaxAttempts(*a.maxAttempts),
+		kpar.RetryBackoff(*a.backoff, *a.backoffMax),
+		kpar.AttemptTimeout(*a.timeout),
+		kpar.ShutdownTimeout(*a.shutdownWait),
+	}
 }

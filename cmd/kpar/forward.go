@@ -83,14 +83,10 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	var ord kpar.Order
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
-	maxAttempts := fs.Int("max-attempts", 3, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
-	retryBackoff := fs.Duration("retry-backoff", 100*time.Millisecond, "base of the jittered exponential backoff between attempts")
-	retryBackoffMax := fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts")
+	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
 	retryTopics := fs.String("retry-topics", "", "comma-separated `DELAYS` (1s,30s): after --max-attempts a record goes to <topic>.retry.1, due 1s later, then <topic>.retry.2, ..., then the dead letters; the main topic is not held up")
-	attemptTimeout := fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included")
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
-	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled")
 	adaptive := fs.Bool("adaptive", false, "adapt the requests in flight to the endpoint, between 1 and --concurrency: fewer on 429, 503, refused connections, timeouts and rising latency, more while it answers fast; such failures then burn no attempt, so an overloaded or down endpoint slows kpar down instead of filling the dead letters")
 	commitInterval := fs.Duration("commit-interval", 2*time.Millisecond, "least time between two commits: a crash repeats the requests in flight plus what finished within one interval; each member commits at most 1/interval times a second, never while idle")
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
@@ -138,18 +134,11 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		return fs.usageError("invalid --batch-wait %v: want more than 0", *batchWait)
 	case *concurrency < 1 || *concurrency > 1<<16:
 		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
-	case *maxAttempts < 1:
-		return fs.usageError("invalid --max-attempts %d: want 1 or more", *maxAttempts)
-	case *retryBackoff <= 0:
-		return fs.usageError("invalid --retry-backoff %v: want more than 0", *retryBackoff)
-	case *retryBackoffMax < *retryBackoff:
-		return fs.usageError("invalid --retry-backoff-max %v: want at least --retry-backoff (%v)", *retryBackoffMax, *retryBackoff)
-	case *attemptTimeout <= 0:
-		return fs.usageError("invalid --attempt-timeout %v: want more than 0", *attemptTimeout)
 	case *sessionTimeout < time.Second:
 		return fs.usageError("invalid --session-timeout %v: want 1s or more", *sessionTimeout)
-	case *shutdownTimeout <= 0:
-		return fs.usageError("invalid --shutdown-timeout %v: want more than 0", *shutdownTimeout)
+	}
+	if code, ok := att.check(fs); !ok {
+		return code
 	}
 	retryDelays, err := parseDelays(*retryTopics)
 	if err != nil {
@@ -180,7 +169,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		return fs.usageError("%v", err)
 	}
 	fwdOpts := []forward.Option{
-		forward.Concurrency(*concurrency), forward.Timeout(*attemptTimeout), forward.Header(extra),
+		forward.Concurrency(*concurrency), forward.Timeout(*att.timeout), forward.Header(extra),
 		forward.Batch(*batch, *batchWait),
 	}
 	if *urlCA != "" {
@@ -244,13 +233,10 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		kpar.Topics(subscribed...),
 		kpar.Concurrency(*concurrency),
 		kpar.Ordering(ord),
-		kpar.MaxAttempts(*maxAttempts),
-		kpar.RetryBackoff(*retryBackoff, *retryBackoffMax),
-		kpar.AttemptTimeout(*attemptTimeout),
-		kpar.ShutdownTimeout(*shutdownTimeout),
 		kpar.DeadLetters(dl),
 		kpar.WithLogger(log),
 	}
+	opts = append(opts, att.opts()...)
 	if *adaptive {
 		opts = append(opts, kpar.AdaptiveConcurrency())
 	}
@@ -285,7 +271,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	attrs := []any{
 		"brokers", strings.Join(seeds, ","), "group", *group,
 		"url", redactURL(*target), "ordering", ord.String(), "concurrency", *concurrency,
-		"max_attempts", *maxAttempts, "attempt_timeout", *attemptTimeout,
+		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
 	if len(regexList) > 0 {
@@ -322,7 +308,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	}
 
 	stopLog := context.AfterFunc(ctx, func() {
-		log.Info("kpar forward stopping: finishing in-flight requests, then committing", "shutdown_timeout", *shutdownTimeout)
+		log.Info("kpar forward stopping: finishing in-flight requests, then committing", "shutdown_timeout", *att.shutdownWait)
 	})
 	defer stopLog()
 
