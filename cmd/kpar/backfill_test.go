@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -22,19 +21,7 @@ import (
 // startBackfill runs `kpar backfill args...` from the built binary.
 func startBackfill(ctx context.Context, t *testing.T, bin string, stdout io.Writer, args ...string) *process {
 	t.Helper()
-	p := &process{
-		cmd:    exec.CommandContext(ctx, bin, append([]string{"backfill"}, args...)...),
-		stderr: newWatchWriter(),
-		exited: make(chan struct{}),
-	}
-	p.cmd.Stdout, p.cmd.Stderr = stdout, p.stderr
-	p.cmd.WaitDelay = 5 * time.Second
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.waitErr = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() { p.cmd.Process.Kill(); <-p.exited })
-	return p
+	return startCommand(ctx, t, bin, "backfill", nil, stdout, args...)
 }
 
 // TestBackfillSIGKILLAndResumeLosesNothing runs `kpar backfill --readers 4`

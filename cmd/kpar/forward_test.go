@@ -195,13 +195,21 @@ type process struct {
 // The process is killed at the end of the test if still running.
 func startForward(ctx context.Context, t *testing.T, bin string, env []string, args ...string) *process {
 	t.Helper()
+	return startCommand(ctx, t, bin, "forward", env, io.Discard, args...)
+}
+
+// startCommand runs `kpar command args...` with extra environment entries
+// and stdout; its stderr is watched. The process is killed at the end of
+// the test if still running.
+func startCommand(ctx context.Context, t *testing.T, bin, command string, env []string, stdout io.Writer, args ...string) *process {
+	t.Helper()
 	p := &process{
-		cmd:    exec.CommandContext(ctx, bin, append([]string{"forward"}, args...)...),
+		cmd:    exec.CommandContext(ctx, bin, append([]string{command}, args...)...),
 		stderr: newWatchWriter(),
 		exited: make(chan struct{}),
 	}
 	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = io.Discard, p.stderr
+	p.cmd.Stdout, p.cmd.Stderr = stdout, p.stderr
 	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
