@@ -88,11 +88,19 @@ type HookDeadLetterFailed interface {
 	OnDeadLetterFailed(records int, err error)
 }
 
+// HookTopicUnavailable is called with a non-nil err when fetches of a
+// topic keep failing because the broker no longer has it (it was deleted,
+// or deleted and created again): kpar then subscribes to the topic afresh.
+// It is called with a nil err once records of the topic arrive again.
+type HookTopicUnavailable interface {
+	OnTopicUnavailable(topic string, err error)
+}
+
 func isHook(h Hook) bool {
 	switch h.(type) {
 	case HookRecordDispatched, HookRecordDone, HookAttemptFailed, HookCommit,
 		HookPartitionPaused, HookPartitionResumed, HookPartitionsAssigned, HookPartitionsRevoked,
-		HookRecordStuck, HookDeadLettered, HookDeadLetterFailed:
+		HookRecordStuck, HookDeadLettered, HookDeadLetterFailed, HookTopicUnavailable:
 		return true
 	}
 	return false
@@ -113,6 +121,7 @@ type hooks struct {
 	stuck            []HookRecordStuck
 	deadLettered     []HookDeadLettered
 	deadLetterFailed []HookDeadLetterFailed
+	topicUnavailable []HookTopicUnavailable
 }
 
 func newHooks(hs []Hook) hooks {
@@ -150,6 +159,9 @@ func newHooks(hs []Hook) hooks {
 		}
 		if v, ok := x.(HookDeadLetterFailed); ok {
 			h.deadLetterFailed = append(h.deadLetterFailed, v)
+		}
+		if v, ok := x.(HookTopicUnavailable); ok {
+			h.topicUnavailable = append(h.topicUnavailable, v)
 		}
 	}
 	return h

@@ -15,6 +15,9 @@ import (
 // before it fetches their committed offsets and starts fetching records, so
 // the finished sets read here are in place before the first record.
 func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	if len(assigned) == 0 {
+		return // kgo reports an empty assignment after some rebalances
+	}
 	committed, finished := e.readCommitted(ctx, cl, assigned)
 	e.mu.Lock()
 	for topic, ps := range assigned {
@@ -120,6 +123,20 @@ func (e *engine) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	e.log.Warn("kpar: partitions lost: dropped without a commit; their new owner handles their unfinished records", "lost", lost)
 	for _, h := range e.hooks.revoked {
 		h.OnPartitionsRevoked(lost, true)
+	}
+}
+
+// forgetTopic drops every partition of a topic the broker no longer has,
+// without committing: their offsets belong to the deleted topic, and a
+// commit sent once the client resolves the name again would land on the
+// new topic of that name and skip its records.
+func (e *engine) forgetTopic(topic string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, ps := range e.parts {
+		if k.topic == topic {
+			e.dropLocked(ps)
+		}
 	}
 }
 

@@ -337,6 +337,11 @@ func (h *clientHooks) OnClientClosed(cl *kgo.Client) {
 	}
 }
 
+// OnTopicUnavailable implements kpar.HookTopicUnavailable: the Consumer is
+// not ready while a consumed topic is gone from the broker (deleted, or
+// deleted and created again, until kpar consumes the new one).
+func (m *Metrics) OnTopicUnavailable(topic string, err error) { m.ready.topicGone(topic, err) }
+
 // OnGroupManageError marks the member not ready until it rejoins.
 func (h *clientHooks) OnGroupManageError(err error) { h.m.ready.failed(err) }
 
@@ -346,7 +351,21 @@ type readiness struct {
 	joined   bool
 	group    string
 	assigned map[string]map[int32]struct{}
-	reason   string // why not ready, when !joined
+	reason   string           // why not ready, when !joined
+	gone     map[string]error // consumed topics the broker no longer has
+}
+
+func (r *readiness) topicGone(topic string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		delete(r.gone, topic)
+		return
+	}
+	if r.gone == nil {
+		r.gone = make(map[string]error)
+	}
+	r.gone[topic] = err
 }
 
 func (r *readiness) joining(group string) {
@@ -407,13 +426,16 @@ func (r *readiness) stopped() {
 // Ready reports whether the Consumer is a member of its group, with
 // partitions or idle, and says why in a short sentence: "3 partitions
 // assigned", "joined, no partitions assigned (idle)", "joining group g",
-// "group error: ...", "consumer stopped".
+// "group error: ...", "consumer stopped", "topic t is gone from the broker ...".
 func (m *Metrics) Ready() (bool, string) {
 	r := &m.ready
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.joined {
 		return false, r.reason
+	}
+	for topic, err := range r.gone {
+		return false, "topic " + topic + " is gone from the broker (" + err.Error() + "); subscribing to it afresh"
 	}
 	n := 0
 	for _, ps := range r.assigned {

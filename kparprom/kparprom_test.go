@@ -230,6 +230,24 @@ func TestReadyFollowsGroupMembership(t *testing.T) {
 	}
 }
 
+// TestNotReadyWhileATopicIsGone: a member whose topic was deleted (or
+// deleted and created again) is not ready until kpar consumes it again.
+func TestNotReadyWhileATopicIsGone(t *testing.T) {
+	m := kparprom.New()
+	m.OnPartitionsAssigned(map[string][]int32{"t": {0}})
+	if ok, why := m.Ready(); !ok {
+		t.Fatalf("Ready() with a partition = false, %q", why)
+	}
+	m.OnTopicUnavailable("t", errors.New("UNKNOWN_TOPIC_ID"))
+	if ok, why := m.Ready(); ok || !strings.Contains(why, "topic t is gone") {
+		t.Fatalf("Ready() with the topic gone = %v, %q; want false, naming the topic", ok, why)
+	}
+	m.OnTopicUnavailable("t", nil)
+	if ok, why := m.Ready(); !ok {
+		t.Fatalf("Ready() once the topic is back = false, %q", why)
+	}
+}
+
 func TestNewWithNamespaceAndSharedRegistry(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	a := kparprom.New(kparprom.Registry(reg), kparprom.Namespace("a"))

@@ -1,0 +1,106 @@
+package kpar
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestRecreatedTopicIsConsumedAgain deletes the consumed topic while the
+// consumer runs and creates it again: the records of the new topic must be
+// handled, not lost behind fetch errors for the old topic's ID.
+func TestRecreatedTopicIsConsumedAgain(t *testing.T) {
+	const topic = "recreated"
+	c := newCluster(t, topic, 2)
+	var (
+		mu   sync.Mutex
+		seen = map[string]bool{}
+	)
+	before, after := make(chan struct{}), make(chan struct{})
+	var beforeOnce, afterOnce sync.Once
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[string(r.Value)] = true
+		nb, na := 0, 0
+		for v := range seen {
+			if strings.HasPrefix(v, "before") {
+				nb++
+			} else {
+				na++
+			}
+		}
+		if nb == 20 {
+			beforeOnce.Do(func() { close(before) })
+		}
+		if na == 20 {
+			afterOnce.Do(func() { close(after) })
+		}
+		return nil
+	})
+	var unavailable topicEvents
+	cons, err := New(h, append(testOpts(c, "g", topic), WithHooks(&unavailable))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+
+	produceValues(t, c, topic, "before", 20)
+	waitFor(t, before, 20*time.Second, "the records produced before the topic was recreated")
+
+	adm := adminClient(t, c)
+	ctx := context.Background()
+	if _, err := adm.DeleteTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	createTopic(t, c, topic, 2)
+	produceValues(t, c, topic, "after", 20)
+	waitFor(t, after, 30*time.Second, "the records produced after the topic was recreated")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	// Readiness checks (kparprom's /readyz) learn of the gap from the hook.
+	if got := unavailable.list(); len(got) != 2 || got[0] != topic+": unavailable" || got[1] != topic+": available" {
+		t.Fatalf("HookTopicUnavailable calls = %q, want the topic unavailable, then available", got)
+	}
+}
+
+type topicEvents struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (e *topicEvents) OnTopicUnavailable(topic string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	state := "available"
+	if err != nil {
+		state = "unavailable"
+	}
+	e.events = append(e.events, topic+": "+state)
+}
+
+func (e *topicEvents) list() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.events...)
+}
+
+func produceValues(t *testing.T, c interface{ ListenAddrs() []string }, topic, prefix string, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range n {
+		r := &kgo.Record{Topic: topic, Value: []byte(prefix + "-" + string(rune('a'+i)))}
+		if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
