@@ -16,6 +16,7 @@ type item struct {
 	part     *partState
 	seq      window.Seq
 	size     int64
+	lane     uint64 // key mode: the key's hash, computed outside the lock
 	attempts int
 	first    time.Time // first dispatch, for latency
 	started  time.Time // this attempt's dispatch, for the adaptive limit
@@ -104,8 +105,9 @@ type partState struct {
 	// held are fetched records that did not fit in the window, in offset
 	// order, waiting for room. Once a window's worth is held the partition
 	// is paused until half of that drained, so held records never exceed
-	// one window plus one fetch of the partition.
-	held      []*kgo.Record
+	// one window plus one fetch of the partition. Their tasks are
+	// prepared (see prepare) and enter the window as room frees.
+	held      []*task
 	committed int64         // last committed offset, -1 for none
 	idle      chan struct{} // closed when running drops to 0 while revoking
 

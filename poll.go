@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 // an error when the client reports a fatal one.
 func (e *engine) poll(ctx context.Context) error {
 	fetchLog := fetchErrorLog{log: e.log}
+	topics := topicWatch{cl: e.cl, log: e.log, regex: e.cfg.regex, hooks: e.hooks.topicUnavailable, forget: e.forgetTopic}
 	for {
 		if !e.waitForBytes(ctx) {
 			return nil
@@ -26,6 +28,7 @@ func (e *engine) poll(ctx context.Context) error {
 		if err := fatalFetchError(fs, &fetchLog, ""); err != nil {
 			return err
 		}
+		topics.observe(fs, time.Now())
 		e.admit(fs)
 	}
 }
@@ -86,32 +89,34 @@ func (e *engine) admit(fs kgo.Fetches) {
 		if len(p.Records) == 0 {
 			return
 		}
-		slab := make([]task, min(len(p.Records), e.cfg.windowRecords))
+		tasks := e.prepare(p.Records)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		ps := e.parts[tp{p.Topic, p.Partition}]
 		if ps == nil || ps.status != live {
 			return // not ours (any more): the owner fetches them again
 		}
-		recs := p.Records
 		// Offsets only grow within an assignment; older ones mean the
 		// client rewound (an offset reset). Records already admitted are
 		// done or still tracked, so skipping them loses nothing.
 		last := ps.win.End() - 1
 		if n := len(ps.held); n > 0 {
-			last = ps.held[n-1].Offset
+			last = ps.held[n-1].Value.rec.Offset
 		}
-		for len(recs) > 0 && recs[0].Offset <= last {
-			recs = recs[1:]
+		for len(tasks) > 0 && tasks[0].Value.rec.Offset <= last {
+			tasks = tasks[1:]
 		}
-		if ps.committed < 0 && len(recs) > 0 {
+		if len(tasks) == 0 {
+			return
+		}
+		if ps.committed < 0 {
 			// Commit the first window start even before anything
 			// finishes: a crash then resumes here, not wherever
 			// ConsumeResetOffset points.
 			e.askCommit()
 		}
-		if ps.resumeAt >= 0 && len(recs) > 0 {
-			if first := recs[0].Offset; first < ps.resumeAt {
+		if ps.resumeAt >= 0 {
+			if first := tasks[0].Value.rec.Offset; first < ps.resumeAt {
 				// The committed offset was out of range (beyond the log
 				// after a topic was recreated, or below its start after
 				// retention) and the client reset to ConsumeResetOffset.
@@ -120,19 +125,23 @@ func (e *engine) admit(fs kgo.Fetches) {
 			}
 			ps.resumeAt = -1
 		}
-		for _, r := range recs {
-			size := recordSize(r)
+		for i := range tasks {
+			size := tasks[i].Value.size
 			ps.bytes += size
 			e.bytes += size
 			e.pending++
 		}
 		readyBefore := e.ready.Len()
 		if len(ps.held) == 0 {
-			room := min(len(recs), e.cfg.windowRecords-ps.win.Len())
-			e.push(ps, recs[:room], slab)
-			recs = recs[room:]
+			room := min(len(tasks), e.cfg.windowRecords-ps.win.Len())
+			for i := range tasks[:room] {
+				e.enter(ps, &tasks[i])
+			}
+			tasks = tasks[room:]
 		}
-		ps.held = append(ps.held, recs...)
+		for i := range tasks {
+			ps.held = append(ps.held, &tasks[i])
+		}
 		// Keep up to one window of records fetched ahead, so a draining
 		// window refills without waiting for a fetch; pause beyond that.
 		// (A resume takes effect only with the next fetch, which can wait
@@ -145,41 +154,49 @@ func (e *engine) admit(fs kgo.Fetches) {
 	})
 }
 
-// push appends records to ps's window and schedules them. Called with mu
-// held.
-func (e *engine) push(ps *partState, recs []*kgo.Record, slab []task) {
-	if len(recs) == 0 {
+// prepare builds the tasks of one partition's polled records before the
+// lock is taken: one allocation for all of them, their sizes and, in key
+// mode, their keys' hashes computed here, so that entering the window (at
+// once or later, from held) is bookkeeping only.
+func (e *engine) prepare(recs []*kgo.Record) []task {
+	tasks := make([]task, len(recs))
+	keyed := e.cfg.ordering == ByKey
+	for i, r := range recs {
+		it := &tasks[i].Value
+		it.rec, it.size = r, recordSize(r)
+		if keyed && r.Key != nil {
+			it.lane = maphash.Bytes(e.seed, r.Key)
+		}
+	}
+	return tasks
+}
+
+// enter appends a prepared task to ps's window and schedules it. Called
+// with mu held.
+func (e *engine) enter(ps *partState, t *task) {
+	r := t.Value.rec
+	if ps.skip != nil && ps.finishedBefore(r.Offset) {
+		// Finished before the last commit (its metadata said so): take
+		// its place in the window, done, without running it.
+		ps.win.Done(ps.win.Push(r.Offset))
+		ps.progress++
+		ps.skipped++
+		ps.bytes -= t.Value.size
+		e.bytes -= t.Value.size
+		e.pending--
+		t.Value.rec = nil
+		e.budgetFreed()
 		return
 	}
-	// One allocation per push instead of one per record; admit brings its
-	// own, made outside the lock.
-	if len(slab) < len(recs) {
-		slab = make([]task, len(recs))
-	}
-	for i, r := range recs {
-		if ps.skip != nil && ps.finishedBefore(r.Offset) {
-			// Finished before the last commit (its metadata said so):
-			// take its place in the window, done, without running it.
-			ps.win.Done(ps.win.Push(r.Offset))
-			ps.progress++
-			ps.skipped++
-			size := recordSize(r)
-			ps.bytes -= size
-			e.bytes -= size
-			e.pending--
-			e.budgetFreed()
-			continue
+	t.Value.part = ps
+	t.Value.seq = ps.win.Push(r.Offset)
+	if ps.level > 0 {
+		if err := decodeRetry(&t.Value, ps.level); err != nil {
+			e.log.Warn("kpar: retry-topic record with bad kpar headers; handling it now as it is",
+				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 		}
-		t := &slab[i]
-		t.Value = item{rec: r, part: ps, seq: ps.win.Push(r.Offset), size: recordSize(r)}
-		if ps.level > 0 {
-			if err := decodeRetry(&t.Value, ps.level); err != nil {
-				e.log.Warn("kpar: retry-topic record with bad kpar headers; handling it now as it is",
-					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
-			}
-		}
-		e.schedule(t)
 	}
+	e.schedule(t)
 }
 
 // fetchErrorLog logs fetch errors at most once a second, with the count of

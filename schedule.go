@@ -1,7 +1,5 @@
 package kpar
 
-import "hash/maphash"
-
 // schedule makes t ready, or parks it behind its key or partition.
 func (e *engine) schedule(t *task) {
 	ps := t.Value.part
@@ -17,7 +15,7 @@ func (e *engine) schedule(t *task) {
 			return
 		}
 	case ByKey:
-		if k := t.Value.rec.Key; k != nil && !ps.lanes.Admit(t, maphash.Bytes(e.seed, k)) {
+		if t.Value.rec.Key != nil && !ps.lanes.Admit(t, t.Value.lane) {
 			return
 		}
 	}

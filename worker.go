@@ -472,7 +472,9 @@ func (e *engine) complete(t *task) (next *task) {
 		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= len(ps.held) {
 			n := min(room, len(ps.held))
 			readyBefore := e.ready.Len()
-			e.push(ps, ps.held[:n], nil)
+			for _, t := range ps.held[:n] {
+				e.enter(ps, t)
+			}
 			clear(ps.held[:n])
 			ps.held = ps.held[n:]
 			if len(ps.held) == 0 {

@@ -7,8 +7,8 @@
 // bypass lanes and go straight to the ready queue. A lane exists only while it
 // has a task in flight: Admit creates it, Release hands over to the next
 // parked task or deletes the lane. There is no goroutine per lane or per key,
-// and lanes are recycled through a free list, so steady-state scheduling does
-// not allocate.
+// and a lane is a slot of a table, so steady-state scheduling does not
+// allocate.
 //
 // Nothing here locks or starts goroutines: the caller owns the mutex.
 package sched
@@ -62,52 +62,47 @@ func (q *Queue[T]) Pop() *Task[T] {
 	return t
 }
 
-type lane[T any] struct {
-	parked Queue[T]
-	free   *lane[T]
-}
-
-// laneSlot is one slot of the open-addressing table of busy lanes; ln is
-// nil when the slot is empty.
-type laneSlot[T any] struct {
-	key uint64
-	ln  *lane[T]
-}
-
 // Lanes tracks the busy lanes of one partition. The zero value is ready to
 // use.
 //
 // Busy lanes live in an open-addressing table with linear probing and
 // backward-shift deletion rather than a map: a lane is created and deleted
 // for nearly every record when keys rarely repeat, and this is the hot path
-// under the engine's lock. Keys are expected to be well mixed (the engine
-// passes maphash values), so a key's home slot is its low bits.
+// under the engine's lock. The table is split in two parallel arrays: the
+// keys, which every probe walks and which stay small enough to sit in the
+// CPU's cache, and the parked tasks, touched only when a key repeats. Keys
+// are expected to be well mixed (the engine passes maphash values), so a
+// key's home slot is its low bits; 0 marks an empty slot, so key 0 is
+// stored as 1 (two keys sharing a lane only order them more strictly).
 type Lanes[T any] struct {
-	slots []laneSlot[T] // len is a power of two, at least twice busy
-	busy  int
-	free  *lane[T]
+	keys   []uint64   // len is a power of two, at least twice busy
+	parked []Queue[T] // parked[i] waits behind the lane of keys[i]
+	busy   int
 }
+
+func laneKey(key uint64) uint64 { return max(key, 1) }
 
 // find returns the slot of key, or the empty slot where it would go.
 func (l *Lanes[T]) find(key uint64) (int, bool) {
-	mask := len(l.slots) - 1
+	mask := len(l.keys) - 1
 	for i := int(key) & mask; ; i = (i + 1) & mask {
-		switch s := &l.slots[i]; {
-		case s.ln == nil:
+		switch k := l.keys[i]; k {
+		case 0:
 			return i, false
-		case s.key == key:
+		case key:
 			return i, true
 		}
 	}
 }
 
 func (l *Lanes[T]) grow() {
-	old := l.slots
-	l.slots = make([]laneSlot[T], max(16, 2*len(old)))
-	for _, s := range old {
-		if s.ln != nil {
-			i, _ := l.find(s.key)
-			l.slots[i] = s
+	oldKeys, oldParked := l.keys, l.parked
+	n := max(16, 2*len(oldKeys))
+	l.keys, l.parked = make([]uint64, n), make([]Queue[T], n)
+	for j, k := range oldKeys {
+		if k != 0 {
+			i, _ := l.find(k)
+			l.keys[i], l.parked[i] = k, oldParked[j]
 		}
 	}
 }
@@ -115,17 +110,17 @@ func (l *Lanes[T]) grow() {
 // remove empties slot i, shifting later entries of its probe run back so
 // that every key stays reachable from its home slot.
 func (l *Lanes[T]) remove(i int) {
-	mask := len(l.slots) - 1
-	for j := (i + 1) & mask; l.slots[j].ln != nil; j = (j + 1) & mask {
-		home := int(l.slots[j].key) & mask
+	mask := len(l.keys) - 1
+	for j := (i + 1) & mask; l.keys[j] != 0; j = (j + 1) & mask {
+		home := int(l.keys[j]) & mask
 		// The entry at j may move to i only if its home is not in the
 		// cyclic range (i, j].
 		if (i < j && (home <= i || home > j)) || (i > j && home <= i && home > j) {
-			l.slots[i] = l.slots[j]
+			l.keys[i], l.parked[i] = l.keys[j], l.parked[j]
 			i = j
 		}
 	}
-	l.slots[i] = laneSlot[T]{}
+	l.keys[i], l.parked[i] = 0, Queue[T]{}
 	l.busy--
 }
 
@@ -133,23 +128,17 @@ func (l *Lanes[T]) remove(i int) {
 // now the lane's in-flight task and the caller makes it ready. Otherwise t is
 // parked behind the lane's earlier tasks and Release will hand it over.
 func (l *Lanes[T]) Admit(t *Task[T], key uint64) bool {
+	key = laneKey(key)
 	t.lane, t.laned = key, true
-	if 2*(l.busy+1) > len(l.slots) {
+	if 2*(l.busy+1) > len(l.keys) {
 		l.grow()
 	}
 	i, ok := l.find(key)
 	if ok {
-		l.slots[i].ln.parked.Push(t)
+		l.parked[i].Push(t)
 		return false
 	}
-	ln := l.free
-	if ln != nil {
-		l.free = ln.free
-		ln.free = nil
-	} else {
-		ln = new(lane[T])
-	}
-	l.slots[i] = laneSlot[T]{key: key, ln: ln}
+	l.keys[i] = key
 	l.busy++
 	return true
 }
@@ -165,13 +154,10 @@ func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
 	if !ok {
 		return nil
 	}
-	ln := l.slots[i].ln
-	if next := ln.parked.Pop(); next != nil {
+	if next := l.parked[i].Pop(); next != nil {
 		return next
 	}
 	l.remove(i)
-	ln.free = l.free
-	l.free = ln
 	return nil
 }
 
@@ -183,7 +169,7 @@ func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
 		return nil
 	}
 	if i, ok := l.find(t.lane); ok {
-		return l.slots[i].ln.parked.Pop()
+		return l.parked[i].Pop()
 	}
 	return nil
 }
@@ -195,10 +181,8 @@ func (l *Lanes[T]) Busy() int { return l.busy }
 // every lane, so it is meant for snapshots, not hot paths.
 func (l *Lanes[T]) Parked() int {
 	n := 0
-	for _, s := range l.slots {
-		if s.ln != nil {
-			n += s.ln.parked.Len()
-		}
+	for i := range l.parked {
+		n += l.parked[i].Len()
 	}
 	return n
 }

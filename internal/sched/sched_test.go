@@ -106,7 +106,7 @@ func TestLanesMatchAModel(t *testing.T) {
 	for step := range 200_000 {
 		if len(inflight) == 0 || rng.IntN(2) == 0 {
 			// Keys share low bits often: many collide in the table.
-			key := uint64(rng.IntN(64)) << uint(rng.IntN(3)*20)
+			key := laneKey(uint64(rng.IntN(64)) << uint(rng.IntN(3)*20))
 			task := &Task[int]{Value: step}
 			ready := l.Admit(task, key)
 			if wantReady := len(model[key]) == 0; ready != wantReady {
