@@ -151,6 +151,9 @@ func (m *member) run(ctx context.Context) error {
 	defer stopTimer()
 
 	fetchLog := fetchErrorLog{log: m.cfg.logger}
+	// Commits are synchronous, so nothing of a gone topic is left to
+	// commit when the watch purges it: no forget callback.
+	topics := topicWatch{cl: cl, log: m.cfg.logger, regex: m.cfg.regex, hooks: m.hooks.topicUnavailable}
 	for {
 		fs := cl.PollRecords(ctx, membersPollRecords)
 		if fs.IsClientClosed() || ctx.Err() != nil {
@@ -165,6 +168,7 @@ func (m *member) run(ctx context.Context) error {
 		done := m.handle(ctx, hctx, fs)
 		m.commit(ctx, done)
 		cl.AllowRebalance()
+		topics.observe(fs, time.Now())
 		if ctx.Err() != nil {
 			return nil
 		}

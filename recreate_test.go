@@ -2,18 +2,27 @@ package kpar
 
 import (
 	"context"
+	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // TestRecreatedTopicIsConsumedAgain deletes the consumed topic while the
-// consumer runs and creates it again: the records of the new topic must be
-// handled, not lost behind fetch errors for the old topic's ID.
+// consumer (the engine, and RunMembers) runs and creates it again: the
+// records of the new topic must be handled, not lost behind fetch errors
+// for the old topic's ID, and the hooks hear of the gap.
 func TestRecreatedTopicIsConsumedAgain(t *testing.T) {
+	t.Run("engine", func(t *testing.T) { t.Parallel(); testRecreatedTopic(t, false) })
+	t.Run("members", func(t *testing.T) { t.Parallel(); testRecreatedTopic(t, true) })
+}
+
+func testRecreatedTopic(t *testing.T, members bool) {
 	const topic = "recreated"
 	c := newCluster(t, topic, 2)
 	var (
@@ -43,11 +52,16 @@ func TestRecreatedTopicIsConsumedAgain(t *testing.T) {
 		return nil
 	})
 	var unavailable topicEvents
-	cons, err := New(h, append(testOpts(c, "g", topic), WithHooks(&unavailable))...)
-	if err != nil {
-		t.Fatal(err)
+	var stop func() error
+	if members {
+		stop = runMembers(t, 2, h, append(groupOpts(c, "g", topic), WithHooks(&unavailable))...)
+	} else {
+		cons, err := New(h, append(testOpts(c, "g", topic), WithHooks(&unavailable))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop = runConsumer(t, cons)
 	}
-	stop := runConsumer(t, cons)
 
 	produceValues(t, c, topic, "before", 20)
 	waitFor(t, before, 20*time.Second, "the records produced before the topic was recreated")
@@ -64,7 +78,8 @@ func TestRecreatedTopicIsConsumedAgain(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	// Readiness checks (kparprom's /readyz) learn of the gap from the hook.
-	if got := unavailable.list(); len(got) != 2 || got[0] != topic+": unavailable" || got[1] != topic+": available" {
+	// (Each member of RunMembers watches for itself.)
+	if got := unavailable.list(); len(got) < 2 || got[0] != topic+": unavailable" || got[len(got)-1] != topic+": available" {
 		t.Fatalf("HookTopicUnavailable calls = %q, want the topic unavailable, then available", got)
 	}
 }
@@ -103,4 +118,48 @@ func produceValues(t *testing.T, c interface{ ListenAddrs() []string }, topic, p
 			t.Fatal(err)
 		}
 	}
+}
+
+// groupOpts are testOpts' counterparts for RunMembers.
+func groupOpts(c *kfake.Cluster, group, topic string) []GroupOpt {
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("KPAR_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return []GroupOpt{
+		WithLogger(logger),
+		Brokers(c.ListenAddrs()...),
+		Group(group),
+		Topics(topic),
+		RetryBackoff(time.Millisecond, 10*time.Millisecond),
+		ClientOptions(
+			kgo.HeartbeatInterval(100*time.Millisecond),
+			kgo.SessionTimeout(2*time.Second),
+			kgo.FetchMaxWait(100*time.Millisecond),
+		),
+	}
+}
+
+// runMembers runs RunMembers in the background and returns a stop function
+// that cancels it and returns its error.
+func runMembers(t *testing.T, n int, h Handler, opts ...GroupOpt) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- RunMembers(ctx, n, h, opts...) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("RunMembers did not return within 30s of cancel")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
