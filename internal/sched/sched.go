@@ -70,23 +70,27 @@ func (q *Queue[T]) Pop() *Task[T] {
 // for nearly every record when keys rarely repeat, and this is the hot path
 // under the engine's lock. The table is split in two parallel arrays: the
 // keys, which every probe walks and which stay small enough to sit in the
-// CPU's cache, and the parked tasks, touched only when a key repeats. Keys
-// are expected to be well mixed (the engine passes maphash values), so a
-// key's home slot is its low bits; 0 marks an empty slot, so key 0 is
-// stored as 1 (two keys sharing a lane only order them more strictly).
+// CPU's cache, and the parked tasks, touched only for a lane whose key
+// repeated (its slot carries parkedBit). Keys are expected to be well mixed
+// (the engine passes maphash values), so a key's home slot is its low bits.
+// A slot of 0 is empty and the top bit is the flag, so keys lose their top
+// bit and 0 becomes 1: two keys sharing a lane are only ordered more
+// strictly.
 type Lanes[T any] struct {
 	keys   []uint64   // len is a power of two, at least twice busy
-	parked []Queue[T] // parked[i] waits behind the lane of keys[i]
+	parked []Queue[T] // parked[i] waits behind the lane of keys[i]; empty unless keys[i] has parkedBit
 	busy   int
 }
 
-func laneKey(key uint64) uint64 { return max(key, 1) }
+const parkedBit = 1 << 63
+
+func laneKey(key uint64) uint64 { return max(key&^parkedBit, 1) }
 
 // find returns the slot of key, or the empty slot where it would go.
 func (l *Lanes[T]) find(key uint64) (int, bool) {
 	mask := len(l.keys) - 1
 	for i := int(key) & mask; ; i = (i + 1) & mask {
-		switch k := l.keys[i]; k {
+		switch k := l.keys[i] &^ parkedBit; k {
 		case 0:
 			return i, false
 		case key:
@@ -101,26 +105,30 @@ func (l *Lanes[T]) grow() {
 	l.keys, l.parked = make([]uint64, n), make([]Queue[T], n)
 	for j, k := range oldKeys {
 		if k != 0 {
-			i, _ := l.find(k)
+			i, _ := l.find(k &^ parkedBit)
 			l.keys[i], l.parked[i] = k, oldParked[j]
 		}
 	}
 }
 
-// remove empties slot i, shifting later entries of its probe run back so
-// that every key stays reachable from its home slot.
+// remove empties slot i, whose lane has nothing parked, shifting later
+// entries of its probe run back so that every key stays reachable from its
+// home slot.
 func (l *Lanes[T]) remove(i int) {
 	mask := len(l.keys) - 1
 	for j := (i + 1) & mask; l.keys[j] != 0; j = (j + 1) & mask {
-		home := int(l.keys[j]) & mask
+		home := int(l.keys[j]&^parkedBit) & mask
 		// The entry at j may move to i only if its home is not in the
 		// cyclic range (i, j].
 		if (i < j && (home <= i || home > j)) || (i > j && home <= i && home > j) {
-			l.keys[i], l.parked[i] = l.keys[j], l.parked[j]
+			l.keys[i] = l.keys[j]
+			if l.keys[j]&parkedBit != 0 {
+				l.parked[i], l.parked[j] = l.parked[j], Queue[T]{}
+			}
 			i = j
 		}
 	}
-	l.keys[i], l.parked[i] = 0, Queue[T]{}
+	l.keys[i] = 0
 	l.busy--
 }
 
@@ -136,11 +144,24 @@ func (l *Lanes[T]) Admit(t *Task[T], key uint64) bool {
 	i, ok := l.find(key)
 	if ok {
 		l.parked[i].Push(t)
+		l.keys[i] |= parkedBit
 		return false
 	}
 	l.keys[i] = key
 	l.busy++
 	return true
+}
+
+// popParked removes the next parked task of slot i, or returns nil.
+func (l *Lanes[T]) popParked(i int) *Task[T] {
+	if l.keys[i]&parkedBit == 0 {
+		return nil
+	}
+	next := l.parked[i].Pop()
+	if l.parked[i].Len() == 0 {
+		l.keys[i] &^= parkedBit
+	}
+	return next
 }
 
 // Release ends t's turn on its lane and returns the lane's next task, which
@@ -154,7 +175,7 @@ func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
 	if !ok {
 		return nil
 	}
-	if next := l.parked[i].Pop(); next != nil {
+	if next := l.popParked(i); next != nil {
 		return next
 	}
 	l.remove(i)
@@ -169,7 +190,7 @@ func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
 		return nil
 	}
 	if i, ok := l.find(t.lane); ok {
-		return l.parked[i].Pop()
+		return l.popParked(i)
 	}
 	return nil
 }
