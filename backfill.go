@@ -489,7 +489,7 @@ func newBackfill(c *cfg, h Handler, topic, file string, state *progress.State) *
 		deadWake: make(chan struct{}, 1),
 		allDone:  make(chan struct{}),
 	}
-	b.eng = &engine{cfg: c, hooks: &b.hooks, log: c.logger}
+	b.eng = &engine{cfg: c, hooks: &b.hooks, log: c.logger, epoch: time.Now()}
 	b.cond.L = &b.mu
 	for _, s := range state.Slices {
 		b.alreadyDone += s.Done - s.From

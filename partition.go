@@ -18,8 +18,10 @@ type item struct {
 	size     int64
 	lane     uint64 // key mode: the key's hash, computed outside the lock
 	attempts int
-	first    time.Time // first dispatch, for latency
-	started  time.Time // this attempt's dispatch, for the adaptive limit
+	// Dispatch times as durations since engine.epoch (monotonic), half
+	// the size of two time.Times in the struct every record has.
+	first   time.Duration // first dispatch, for latency
+	started time.Duration // this attempt's dispatch, for the adaptive limit
 
 	x *extra // failure and retry-topic state; nil for most records
 }

@@ -361,9 +361,9 @@ func isLaned(o Order, t *task) bool {
 func (e *engine) dispatched(t *task, now time.Time) {
 	it := &t.Value
 	it.attempts++
-	it.started = now
+	it.started = now.Sub(e.epoch)
 	if it.attempts == 1 {
-		it.first = now
+		it.first = it.started
 	}
 	for _, h := range e.hooks.dispatched {
 		h.OnRecordDispatched(it.original(), it.attempts)
@@ -396,7 +396,7 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	it := &t.Value
 	if err == nil {
 		if len(e.hooks.done) > 0 {
-			lat := time.Since(it.first)
+			lat := time.Since(e.epoch) - it.first
 			for _, h := range e.hooks.done {
 				h.OnRecordDone(it.original(), it.totalAttempts(), lat)
 			}
@@ -437,7 +437,8 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 	ps.running--
 	e.active--
 	if e.lim != nil {
-		e.lim.Done(time.Now(), time.Since(t.Value.started), timedOut || IsOverloaded(err))
+		end := time.Now()
+		e.lim.Done(end, end.Sub(e.epoch)-t.Value.started, timedOut || IsOverloaded(err))
 		e.wake(1) // the limit may have room again
 	}
 	switch {
