@@ -33,11 +33,14 @@ type attemptCtx struct {
 	task            *task // the attempt's (first) record, for reports
 	attempt         int   // task's attempt number, for reports
 
-	mu     sync.Mutex
-	done   chan struct{}
-	err    error
-	afters []*afterFunc  // registered by AfterFunc and not stopped; run by cancel
-	first  [1]*afterFunc // afters' first backing array: most handlers derive one context
+	mu   sync.Mutex
+	done chan struct{}
+	err  error
+	// canceled is set, under mu, once err is: Err's common answer (nil,
+	// asked after every attempt) then takes no lock.
+	canceled atomic.Bool
+	afters   []*afterFunc  // registered by AfterFunc and not stopped; run by cancel
+	first    [1]*afterFunc // afters' first backing array: most handlers derive one context
 }
 
 // afterFunc is one function registered with attemptCtx.AfterFunc.
@@ -58,6 +61,9 @@ func (c *attemptCtx) Done() <-chan struct{} {
 }
 
 func (c *attemptCtx) Err() error {
+	if !c.canceled.Load() {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
@@ -73,6 +79,7 @@ func (c *attemptCtx) cancel(err error) bool {
 		return false
 	}
 	c.err = err
+	c.canceled.Store(true)
 	if c.done != nil {
 		close(c.done)
 	}
@@ -124,6 +131,9 @@ func (c *attemptCtx) AfterFunc(f func()) (stop func() bool) {
 // timedOut reports whether the watchdog cancelled the attempt for its
 // deadline.
 func (c *attemptCtx) timedOut() bool {
+	if !c.canceled.Load() {
+		return false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err == context.DeadlineExceeded
