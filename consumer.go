@@ -191,7 +191,9 @@ type PartitionStats struct {
 	// handler runs now, and those queued behind them in the same worker
 	// (a worker with a fast handler takes up to 64 at once).
 	InFlight int
-	// Paused reports whether fetching is paused because the window is full.
+	// Paused reports whether fetching is paused: the window is full, or
+	// the partition holds more than its share of a used-up
+	// MaxBufferedBytes.
 	Paused bool
 	// CommittedFinished counts the offsets above Committed that the last
 	// commit's metadata marks finished (offsets compacted away between

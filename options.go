@@ -203,8 +203,10 @@ func BatchSize(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.batchSiz
 func WindowRecords(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.windowRecords = n }) }
 
 // MaxBufferedBytes bounds the key, value and header bytes of all records
-// held across partitions, overriding the default 64 MiB. Fetching stops
-// while the bound is reached.
+// held across partitions, overriding the default 64 MiB. While the bound
+// is reached, the partitions holding more than their share of it are paused
+// (until they hold half their share) and the others are still fetched;
+// fetching stops only when every partition is paused.
 func MaxBufferedBytes(n int64) ConsumerOpt { return consumerOpt(func(c *cfg) { c.maxBytes = n }) }
 
 // defaultCommitInterval is CommitInterval's default; see CommitInterval.

@@ -103,7 +103,14 @@ type partState struct {
 	bytes   int64 // recordSize of unfinished records, held ones included
 	waiting int64 // the part of bytes waiting on retry timers, outside engine.bytes
 	running int   // records handed to workers and not finished yet
-	paused  bool
+	// Fetching is paused (paused) for either of two reasons: a window's
+	// worth of records is held (heldFull), or MaxBufferedBytes is used up
+	// and this partition holds more than its share of it (overBudget):
+	// records stuck behind a retrying key must not stop the fetching of
+	// other partitions. syncPause applies the change.
+	paused     bool
+	heldFull   bool
+	overBudget bool
 	// held are fetched records that did not fit in the window, in offset
 	// order, waiting for room. Once a window's worth is held the partition
 	// is paused until half of that drained, so held records never exceed

@@ -45,12 +45,16 @@ func isFatal(err error) bool {
 		errors.Is(err, kerr.InconsistentGroupProtocol)
 }
 
-// waitForBytes waits until buffered bytes are below MaxBufferedBytes. It
-// reports false when ctx ended first.
+// waitForBytes waits until buffered bytes are below MaxBufferedBytes, or
+// until the partitions holding more than their share of them are paused
+// and others can still be fetched. It reports false when ctx ended first.
 func (e *engine) waitForBytes(ctx context.Context) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for e.bytes >= e.cfg.maxBytes {
+		if e.pauseOverBudget() {
+			return true
+		}
 		e.pollWait = true
 		e.mu.Unlock()
 		select {
@@ -146,9 +150,9 @@ func (e *engine) admit(fs kgo.Fetches) {
 		// window refills without waiting for a fetch; pause beyond that.
 		// (A resume takes effect only with the next fetch, which can wait
 		// FetchMaxWait, so pausing on every overflow stalls the pipeline.)
-		if len(ps.held) >= e.cfg.windowRecords && !ps.paused {
-			ps.paused = true
-			e.toggleFetch(fetchToggle{ps.tp, true, ps.win.Len(), true})
+		if len(ps.held) >= e.cfg.windowRecords && !ps.heldFull {
+			ps.heldFull = true
+			e.syncPause(ps)
 		}
 		e.wake(e.ready.Len() - readyBefore)
 	})
@@ -197,6 +201,49 @@ func (e *engine) enter(ps *partState, t *task) {
 		}
 	}
 	e.schedule(t)
+}
+
+// budgetShare is a partition's fair share of MaxBufferedBytes. Called with
+// mu held.
+func (e *engine) budgetShare() int64 {
+	return e.cfg.maxBytes / int64(max(1, len(e.parts)))
+}
+
+// pauseOverBudget pauses the partitions that hold more than their share of
+// a used-up MaxBufferedBytes, and reports whether some live partition can
+// still be fetched. Without it, records stuck in one partition (behind a
+// retrying key, say) would hold the whole budget and stop the poller, and
+// with it every other partition. Called with mu held.
+func (e *engine) pauseOverBudget() bool {
+	share, fetchable := e.budgetShare(), false
+	for _, ps := range e.parts {
+		if ps.status != live {
+			continue
+		}
+		if !ps.overBudget && ps.bytes-ps.waiting > share {
+			ps.overBudget = true
+			e.syncPause(ps)
+		}
+		fetchable = fetchable || !ps.paused
+	}
+	return fetchable
+}
+
+// syncPause pauses or resumes fetching ps when its reasons to pause
+// changed. Called with mu held.
+func (e *engine) syncPause(ps *partState) {
+	if want := ps.heldFull || ps.overBudget; want != ps.paused {
+		ps.paused = want
+		e.toggleFetch(fetchToggle{ps.tp, want, ps.win.Len(), true})
+		if !want && e.pollWait {
+			// The poller may wait for bytes with every partition paused.
+			e.pollWait = false
+			select {
+			case e.space <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // fetchErrorLog logs fetch errors at most once a second, with the count of

@@ -157,7 +157,7 @@ func (e *engine) dropLocked(ps *partState) {
 		}
 	}
 	if ps.paused {
-		ps.paused = false
+		ps.paused, ps.heldFull, ps.overBudget = false, false, false
 		e.toggleFetch(fetchToggle{ps.tp, false, 0, false})
 	}
 	if e.parts[ps.tp] == ps {

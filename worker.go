@@ -484,9 +484,9 @@ func (e *engine) complete(t *task) (next *task) {
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}
-	if ps.paused && len(ps.held) <= e.cfg.windowRecords/2 {
-		ps.paused = false
-		e.toggleFetch(fetchToggle{ps.tp, false, ps.win.Len(), true})
+	if ps.heldFull && len(ps.held) <= e.cfg.windowRecords/2 {
+		ps.heldFull = false
+		e.syncPause(ps)
 	}
 	return next
 }
@@ -497,6 +497,10 @@ func (e *engine) release(ps *partState, t *task) {
 	e.bytes -= t.Value.size
 	e.pending--
 	t.Value.rec = nil // the slab may outlive the record; let the record go
+	if ps.overBudget && ps.bytes-ps.waiting <= e.budgetShare()/2 {
+		ps.overBudget = false
+		e.syncPause(ps)
+	}
 	e.budgetFreed()
 }
 
