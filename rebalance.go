@@ -15,9 +15,6 @@ import (
 // before it fetches their committed offsets and starts fetching records, so
 // the finished sets read here are in place before the first record.
 func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	if len(assigned) == 0 {
-		return // kgo reports an empty assignment after some rebalances
-	}
 	committed, finished := e.readCommitted(ctx, cl, assigned)
 	e.mu.Lock()
 	for topic, ps := range assigned {
@@ -41,7 +38,11 @@ func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 		}
 	}
 	e.mu.Unlock()
-	e.log.Info("kpar: partitions assigned", "assigned", assigned)
+	if len(assigned) > 0 {
+		// An empty assignment (an idle member, or a rebalance that moved
+		// nothing here) still reaches the hooks: readiness counts it.
+		e.log.Info("kpar: partitions assigned", "assigned", assigned)
+	}
 	for _, h := range e.hooks.assigned {
 		h.OnPartitionsAssigned(assigned)
 	}
@@ -172,6 +173,9 @@ func (e *engine) dropLocked(ps *partState) {
 // a future version) means nothing is skipped: those records are handled
 // again, never lost.
 func (e *engine) readCommitted(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (map[tp]int64, map[tp][]offsetmeta.Run) {
+	if len(assigned) == 0 {
+		return nil, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resps, err := kadm.NewClient(cl).FetchOffsets(ctx, e.cfg.group)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // TestRecreatedTopicIsConsumedAgain deletes the consumed topic while the
@@ -140,26 +142,8 @@ func groupOpts(c *kfake.Cluster, group, topic string) []GroupOpt {
 	}
 }
 
-// runMembers runs RunMembers in the background and returns a stop function
-// that cancels it and returns its error.
+// runMembers runs RunMembers in the background; stop cancels it and
+// returns its error.
 func runMembers(t *testing.T, n int, h Handler, opts ...GroupOpt) (stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- RunMembers(ctx, n, h, opts...) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("RunMembers did not return within 30s of cancel")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { stop() })
-	return stop
+	return testkit.Start(t, "RunMembers", func(ctx context.Context) error { return RunMembers(ctx, n, h, opts...) })
 }

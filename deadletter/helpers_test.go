@@ -4,33 +4,19 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
-// testCtx bounds a test: every wait in these tests is on a context, never
-// on a sleep.
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testkit.Context(t, time.Minute) }
 
-func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
-	t.Helper()
-	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
+func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster { return testkit.Cluster(t, opts...) }
 
 // newClient is a client on c; ManualPartitioner unless opts say otherwise.
 func newClient(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
@@ -48,17 +34,7 @@ func kafkaURL(c *kfake.Cluster, topic string) string {
 	return "kafka://" + strings.Join(c.ListenAddrs(), ",") + "/" + topic
 }
 
-// closedPort is a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
+func closedPort(t *testing.T) string { return testkit.ClosedPort(t) }
 
 // ms is a time with Kafka's precision.
 func ms(s string) time.Time {

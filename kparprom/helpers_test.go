@@ -17,6 +17,8 @@ import (
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/kparprom"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -67,29 +69,7 @@ func newConsumer(t testing.TB, c *kfake.Cluster, m *kparprom.Metrics, group, top
 
 // run runs c until the test ends or stop is called; stop returns Run's
 // error.
-func run(t testing.TB, c *kpar.Consumer) (stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var (
-		once sync.Once
-		err  error
-	)
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				t.Error("Run did not return within 30s of cancel")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { stop() })
-	return stop
-}
+func run(t testing.TB, c *kpar.Consumer) (stop func() error) { return testkit.Start(t, "Run", c.Run) }
 
 // produce writes n records to topic, record i with key "key-<i%keys>".
 func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int) {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,25 +14,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/deadletter"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
-// testCtx bounds a test: every wait is on a context, never on a sleep.
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testkit.Context(t, time.Minute) }
 
-// postgresDSN is KPAR_TEST_POSTGRES, or the test is skipped.
-func postgresDSN(t *testing.T) string {
-	t.Helper()
-	dsn := os.Getenv("KPAR_TEST_POSTGRES")
-	if dsn == "" {
-		t.Skip("KPAR_TEST_POSTGRES is unset: set it to a PostgreSQL DSN (scripts/test.sh starts a server and sets it)")
-	}
-	return dsn
-}
+func postgresDSN(t *testing.T) string { return testkit.PostgresDSN(t) }
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
 
@@ -73,17 +59,7 @@ func withTable(dsn, table string) string {
 	return u.String()
 }
 
-// closedPort is a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
+func closedPort(t *testing.T) string { return testkit.ClosedPort(t) }
 
 // sampleLetters exercise the columns' corners: nil versus empty key and
 // value, binary bytes in bytea, duplicate and nil header values, NUL in
