@@ -21,15 +21,12 @@ import (
 
 	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/deadletter/pgsink"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // dlqCtx bounds one test; nothing in these tests sleeps.
-func dlqCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func dlqCtx(t *testing.T) context.Context { return testkit.Context(t, 90*time.Second) }
 
 // runDLQ runs `kpar dlq ARGS...` in process.
 func runDLQ(t *testing.T, ctx context.Context, args ...string) (code int, stdout, stderr string) {
