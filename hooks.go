@@ -10,9 +10,10 @@ import (
 
 // Hook observes a Consumer. A hook is any value implementing one or more of
 // the HookX interfaces below; WithHooks rejects a value that implements
-// none. Hooks are called synchronously from kpar's goroutines, some while
-// internal locks are held: they must be safe for concurrent use, fast, and
-// must not call back into the Consumer.
+// none. Hooks are called synchronously from kpar's goroutines (workers, the
+// poller, the committer, the rebalance callbacks), never under the engine's
+// lock: they must be safe for concurrent use and fast, since a slow hook
+// slows the goroutine that calls it.
 type Hook any
 
 // HookRecordDispatched is called when a worker is about to run the handler
