@@ -20,6 +20,7 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 
 // engine is one Run: the client, the poller, the workers and the committer.
 type engine struct {
+	// Set by newEngine (cl by run), read-only afterwards.
 	cfg        *cfg
 	handler    Handler
 	batch      BatchHandler
@@ -35,6 +36,9 @@ type engine struct {
 
 	cl *kgo.Client // set once in run before any goroutine starts
 
+	// mu guards the fields below up to commitMu, and the partStates in
+	// parts. It is held for bookkeeping only: no client call, handler or
+	// hook runs under it. Order: commitMu, then mu, then a stash's mu.
 	mu      sync.Mutex
 	cond    sync.Cond // workers wait here for ready records or stop
 	ready   sched.Queue[item]
