@@ -35,12 +35,12 @@ type stash struct {
 	mu    sync.Mutex
 	tasks []*task // guarded by mu
 
-	started atomic.Uint64 // records this worker started; written by the worker
-	seen    uint64        // started at the stealer's last look; owned by the stealer
-
-	// The record running now and its attempt number, for stuck reports.
+	// The record running now and its attempt number, written by the
+	// worker: for stuck reports, and for the stealer, which sees a worker
+	// that made no progress when current stayed the same for stealAfter.
 	current        atomic.Pointer[task]
 	currentAttempt atomic.Int32
+	seen           *task // current at the stealer's last look; owned by the stealer
 }
 
 func (s *stash) pop() *task {
@@ -76,8 +76,8 @@ func (e *engine) stealer(ctx context.Context) {
 		}
 		for i := range e.stashes {
 			st := &e.stashes[i]
-			if n := st.started.Load(); n != st.seen {
-				st.seen = n
+			if cur := st.current.Load(); cur == nil || cur != st.seen {
+				st.seen = cur // idle between calls, or a new record since
 				continue
 			}
 			st.mu.Lock()
@@ -190,7 +190,6 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 			now = time.Now()
 		}
 		ran++
-		st.started.Add(1)
 		e.dispatched(t, now)
 		st.current.Store(t)
 		st.currentAttempt.Store(int32(t.Value.attempts))
