@@ -897,6 +897,12 @@ func TestForwardRejectsBadFlags(t *testing.T) {
 		{"metrics on every interface", append(slices.Clone(base), "--metrics-listen", ":0"), nil, "--metrics-listen"},
 		{"metrics without port", append(slices.Clone(base), "--metrics-listen", "127.0.0.1"), nil, "--metrics-listen"},
 		{"log level", append(slices.Clone(base), "--log-level", "loud"), nil, "--log-level"},
+		{"rate limit", append(slices.Clone(base), "--rate-limit", "-1"), nil, "--rate-limit"},
+		{"rate limit from env", base, map[string]string{"KPAR_RATE_LIMIT": "fast"}, "--rate-limit"},
+		{"rate burst without a limit", append(slices.Clone(base), "--rate-burst", "5"), nil, "--rate-burst"},
+		{"rate burst", append(slices.Clone(base), "--rate-limit", "5", "--rate-burst", "-1"), nil, "--rate-burst"},
+		{"key rate limit", append(slices.Clone(base), "--key-rate-limit", "NaN"), nil, "--key-rate-limit"},
+		{"key rate limit from env", base, map[string]string{"KPAR_KEY_RATE_LIMIT": "-2"}, "--key-rate-limit"},
 		{"tls cert without key", append(slices.Clone(base), "--tls-cert", "c.pem"), nil, "--tls-key"},
 		{"sasl mechanism", append(slices.Clone(base), "--sasl-mechanism", "gssapi"), nil, "--sasl-mechanism"},
 		{"sasl without password", append(slices.Clone(base), "--sasl-mechanism", "plain", "--sasl-user", "u"), nil, "--sasl-password"},
@@ -976,6 +982,7 @@ func TestForwardHelpListsEveryFlag(t *testing.T) {
 		"(default 64)", "(default 3)", "(default 100ms)", "(default 10s)", "(default 30s)", "(default key)",
 		"-batch", "-batch-wait", "(default 5ms)", "-header", "-header-file", "-url-ca", "-retry-topics",
 		"-dead-letters", "-topic-regex", "Kpar-Tombstone", "Kpar-Headers", "traceparent",
+		"-rate-limit", "-key-rate-limit", "-rate-burst", "-key-rate-burst", "-adaptive",
 	} {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage does not mention %s:\n%s", f, stderr.String())
