@@ -276,6 +276,11 @@ func maxInWindow(ts []time.Time, d time.Duration) int {
 
 // ---- forward, batch ----
 
+// flowRounds: forward and batch alternate the generator and kpar this many
+// times and report each one's median, so that drift on a shared machine
+// hits both alike.
+const flowRounds = 3
+
 func (r *runner) forward(ctx context.Context) ([]Result, error) {
 	t, err := r.flowTopic(ctx, "flow-forward", 30_000)
 	if err != nil {
@@ -288,15 +293,24 @@ func (r *runner) forward(ctx context.Context) ([]Result, error) {
 	defer ep.close()
 	const conc = 256
 	body := bytes.Repeat([]byte{'x'}, r.cfg.ValueBytes)
-	gen := r.generate(ctx, Forward, ep.url, conc, t.total, body)
-	res, _, dead := r.runForward(ctx, Forward, "per record", t, ep.url, conc, nil)
+	var gens, fwds []Result
+	var dead int64
+	for range flowRounds {
+		gens = append(gens, r.generate(ctx, Forward, ep.url, conc, t.total, body))
+		res, _, d := r.runForward(ctx, Forward, "per record", t, ep.url, conc, nil)
+		fwds, dead = append(fwds, res), dead+d
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	gen, res := median(gens), median(fwds)
 	gen.Variant = "per request"
 	ideal := float64(conc) / flowService.Seconds()
 	if gen.RecordsPerSec > 0 {
 		res.Ratio, res.RatioTo = res.RecordsPerSec/gen.RecordsPerSec, "generator"
 	}
 	gen.Ratio, gen.RatioTo = gen.RecordsPerSec/ideal, "ideal"
-	gen.Note = fmt.Sprintf("%d goroutines POSTing %d-byte bodies; ideal %s/s (%d / %s)", conc, r.cfg.ValueBytes, commas(int64(ideal)), conc, flowService)
+	gen.Note = join(fmt.Sprintf("%d goroutines POSTing %d-byte bodies; ideal %s/s (%d / %s)", conc, r.cfg.ValueBytes, commas(int64(ideal)), conc, flowService), gen.Note)
 	res.Note = join(res.Note, fmt.Sprintf("concurrency %d, endpoint %s per request; dead letters %s", conc, flowService, commas(dead)))
 	return []Result{gen, res}, ctx.Err()
 }
@@ -314,16 +328,25 @@ func (r *runner) batch(ctx context.Context) ([]Result, error) {
 	const genConc, batch = 256, 100
 	conc := 8 * batch // kpar forward's default with --batch
 	body := bytes.Repeat([]byte{'x'}, r.cfg.ValueBytes)
-	gen := r.generate(ctx, Batch, ep.url, genConc, min(t.total, 30_000), body)
+	var gens, fwds []Result
+	var dead, requests int64
+	for range flowRounds {
+		gens = append(gens, r.generate(ctx, Batch, ep.url, genConc, min(t.total, 30_000), body))
+		before := ep.requests.Load() // the generator's
+		res, _, d := r.runForward(ctx, Batch, fmt.Sprintf("--batch %d", batch), t, ep.url, conc,
+			[]forward.Option{forward.Batch(batch, 5*time.Millisecond)})
+		fwds, dead, requests = append(fwds, res), dead+d, requests+ep.requests.Load()-before
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	gen, res := median(gens), median(fwds)
 	gen.Variant = "per request"
-	before := ep.requests.Load() // the generator's
-	res, _, dead := r.runForward(ctx, Batch, fmt.Sprintf("--batch %d", batch), t, ep.url, conc,
-		[]forward.Option{forward.Batch(batch, 5*time.Millisecond)})
 	if gen.RecordsPerSec > 0 {
 		res.Ratio, res.RatioTo = res.RecordsPerSec/gen.RecordsPerSec, "generator"
 	}
-	gen.Note = fmt.Sprintf("%d goroutines, one record per request", genConc)
-	res.Note = join(res.Note, fmt.Sprintf("concurrency %d (8 batches of %d in flight), %s requests; dead letters %s",
-		conc, batch, commas(ep.requests.Load()-before), commas(dead)))
+	gen.Note = join(fmt.Sprintf("%d goroutines, one record per request", genConc), gen.Note)
+	res.Note = join(res.Note, fmt.Sprintf("concurrency %d (8 batches of %d in flight), %s requests a run; dead letters %s",
+		conc, batch, commas(requests/flowRounds), commas(dead)))
 	return []Result{gen, res}, ctx.Err()
 }
