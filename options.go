@@ -245,9 +245,10 @@ func CommitMetadataBytes(n int) ConsumerOpt {
 // when the downstream pushes back (an error marked Overloaded, an attempt
 // past AttemptTimeout, latency rising to twice its long-run level). At 1,
 // continued overload pauses dispatching (10ms doubling to 5s) between
-// probes. Records waiting for the limit stay in their window (fetching
-// pauses as usual) and burn no attempts; an Overloaded failure does not
-// count against MaxAttempts either. Consumer.ConcurrencyLimit reports the
+// probes; it then replaces the breaker that paces an overloaded downstream
+// without it (see Overloaded). Records waiting for the limit stay in their
+// window (fetching pauses as usual) and burn no attempts; an Overloaded
+// failure does not count against MaxAttempts either. Consumer.ConcurrencyLimit reports the
 // limit. Default: off (Concurrency attempts at most, always).
 func AdaptiveConcurrency() ConsumerOpt { return consumerOpt(func(c *cfg) { c.adaptive = true }) }
 
