@@ -259,7 +259,9 @@ func AdaptiveConcurrency() ConsumerOpt { return consumerOpt(func(c *cfg) { c.ada
 // is a start like any other. With NewBatch each record of a batch counts.
 // perSecond must be above 0 and burst at least 1; a burst of 1 spaces
 // starts evenly, a larger one lets that many go at once after a quiet
-// spell. Default: off.
+// spell. The drain after Run's context ends keeps to the limit too: the
+// buffered records then take their time, bounded by ShutdownTimeout.
+// Default: off.
 func RateLimit(perSecond float64, burst int) ConsumerOpt {
 	return consumerOpt(func(c *cfg) { c.rateLimit = rateSpec{perSecond, burst, true} })
 }
