@@ -274,7 +274,8 @@ func RateLimit(perSecond float64, burst int) ConsumerOpt {
 // waiting record stays first of its key, so order holds; in ByPartition
 // mode it is its partition's next record, so the partition waits with it;
 // in Unordered mode the records of one key are spaced out, each keeping its
-// place in the bucket's queue.
+// place in the bucket's queue. With NewBatch the limit applies to each
+// batch's first record (RateLimit counts every record).
 //
 // Memory is bounded: at most 65,536 keys have a bucket at once. A bucket
 // that refilled equals a fresh one and is forgotten; past the bound, the

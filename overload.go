@@ -29,8 +29,13 @@ const overloadEnds = time.Second
 // overloadLog summarises the overloaded failures of one Run. Failures are
 // observed outside engine.mu, so it has a lock of its own.
 type overloadLog struct {
-	active atomic.Bool  // a spell is on
-	last   atomic.Int64 // UnixNano of its latest overloaded failure
+	active  atomic.Bool  // a spell is on
+	last    atomic.Int64 // UnixNano of its latest overloaded failure
+	probing atomic.Bool  // the breaker is open: a success is a probe's, the end of an outage
+	// succeeded: an attempt succeeded during the spell. A spell whose
+	// successes stopped (the topic drained) before overloadEnds passed
+	// does not end in the log; its next failure then begins a new one.
+	succeeded atomic.Bool
 
 	mu       sync.Mutex // guards the rest
 	since    time.Time  // the spell's first overloaded failure
@@ -51,6 +56,7 @@ func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
 		now = time.Now()
 	}
 	if e.brk.Done(now, t.Value.started, over) {
+		e.over.probing.Store(e.brk.Open())
 		e.wake(1) // closed again, or a new pause: a worker re-reads the gate
 	}
 }
@@ -65,10 +71,14 @@ func (e *engine) overloaded(err error, attrs []any) bool {
 	}
 	o := &e.over
 	now := time.Now()
-	o.last.Store(now.UnixNano())
+	prev := o.last.Swap(now.UnixNano())
 	o.mu.Lock()
+	if o.active.Load() && o.succeeded.Load() && now.UnixNano()-prev >= int64(overloadEnds) {
+		o.active.Store(false) // see succeeded
+	}
 	if !o.active.Load() {
 		o.active.Store(true)
+		o.succeeded.Store(false)
 		o.since, o.reported, o.recent, o.total = now, now, 0, 1
 		o.mu.Unlock()
 		e.log.Warn("kpar: downstream overloaded: an attempt failed with an error marked Overloaded; "+
@@ -81,24 +91,28 @@ func (e *engine) overloaded(err error, attrs []any) bool {
 		o.mu.Unlock()
 		return true
 	}
-	recent, since := o.recent, o.since
+	recent, since, in := o.recent, o.since, now.Sub(o.reported)
 	o.reported, o.recent = now, 0
 	o.mu.Unlock()
 	e.log.Warn("kpar: downstream still overloaded",
-		"for", now.Sub(since).Round(time.Millisecond), "failed_attempts", recent, "in", overloadReport, "err", err)
+		"for", now.Sub(since).Round(time.Millisecond), "failed_attempts", recent, "in", in.Round(time.Millisecond), "err", err)
 	return true
 }
 
 // recovered ends an overload spell when an attempt succeeded overloadEnds
-// after the latest overloaded failure. Called for every success: it costs
-// an atomic load unless a spell is on.
+// after the latest overloaded failure, or succeeded while the breaker was
+// open (a probe: the outage is over, however soon the backlog drains).
+// Called for every success: it costs an atomic load unless a spell is on.
 func (e *engine) recovered() {
 	o := &e.over
 	if !o.active.Load() {
 		return
 	}
+	if !o.succeeded.Load() {
+		o.succeeded.Store(true)
+	}
 	now := time.Now()
-	if now.UnixNano()-o.last.Load() < int64(overloadEnds) {
+	if !o.probing.Load() && now.UnixNano()-o.last.Load() < int64(overloadEnds) {
 		return
 	}
 	o.mu.Lock()

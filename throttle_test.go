@@ -232,10 +232,11 @@ func TestKeyRateLimitHoldsOnlyItsKey(t *testing.T) {
 	})
 }
 
-// countLevels counts log records by level.
+// countLevels counts log records by level and by message.
 type countLevels struct {
-	mu sync.Mutex
-	n  map[slog.Level]int
+	mu   sync.Mutex
+	n    map[slog.Level]int
+	msgs map[string]int
 }
 
 func (h *countLevels) Enabled(context.Context, slog.Level) bool { return true }
@@ -243,6 +244,7 @@ func (h *countLevels) Handle(_ context.Context, r slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.n[r.Level]++
+	h.msgs[r.Message]++
 	return nil
 }
 func (h *countLevels) WithAttrs([]slog.Attr) slog.Handler { return h }
@@ -277,7 +279,7 @@ func TestOutageDeadLettersNothing(t *testing.T) {
 			l.success(r)
 			return nil
 		})
-		logs := &countLevels{n: map[slog.Level]int{}}
+		logs := &countLevels{n: map[slog.Level]int{}, msgs: map[string]int{}}
 		sink := &memSink{}
 		opts := append(virtualOpts(c, dial, "outage"), DeadLetters(sink), WithLogger(slog.New(logs)),
 			RetryBackoff(100*time.Millisecond, 10*time.Second), MaxAttempts(3))
@@ -311,6 +313,12 @@ func TestOutageDeadLettersNothing(t *testing.T) {
 		defer logs.mu.Unlock()
 		if w := logs.n[slog.LevelWarn]; w > 6 {
 			t.Errorf("%d warnings for %d failed attempts, want a summary (at most 6)", w, len(during))
+		}
+		if n := logs.msgs["kpar: handler failed"]; n != 0 {
+			t.Errorf("%d per-attempt warnings, want none: overload is summarised", n)
+		}
+		if n := logs.msgs["kpar: downstream recovered: attempts succeed again"]; n != 1 {
+			t.Errorf("recovery logged %d times, want once", n)
 		}
 		t.Logf("%d attempts during the outage, %d after its first 2s; %d warnings", len(during), late, logs.n[slog.LevelWarn])
 	})
