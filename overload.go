@@ -44,15 +44,18 @@ type overloadLog struct {
 	total    int        // overloaded failures of the spell
 }
 
-// breakerDone gives an attempt's outcome to the overload breaker; now is
-// when the attempt started, close enough for a success and free of a clock
-// reading per record. Called with mu held.
+// breakerDone gives an attempt's outcome to the overload breaker. now is
+// when the attempt started: close enough for a success while nothing is
+// overloaded, and free of a clock reading per record then. Once overload
+// signals come, the breaker measures the quiet since the last success
+// from when that success ended: on a starved machine a downstream short of
+// capacity answers slowly, and that is not an outage. Called with mu held.
 func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
 	if e.brk == nil {
 		return
 	}
 	over := err != nil && (timedOut || IsOverloaded(err))
-	if over {
+	if over || e.brk.Watching() {
 		now = time.Now()
 	}
 	if e.brk.Done(now, t.Value.started, over) {

@@ -22,6 +22,7 @@ import "time"
 // closed breaker.
 type Breaker struct {
 	lastSuccess time.Time // zero before the first outcome: then the first signal starts the count
+	signalled   bool      // an overload signal came since the last success
 	open        bool
 	openedAt    time.Time
 	pause       time.Duration
@@ -36,6 +37,11 @@ const firstPause = 100 * time.Millisecond
 
 // Open reports whether the breaker is open or half-open.
 func (b *Breaker) Open() bool { return b.open }
+
+// Watching reports whether an overload signal came since the last success:
+// only then does a success's time matter, and the caller need read the
+// clock for it.
+func (b *Breaker) Watching() bool { return b.signalled }
 
 // Allow reports whether one more attempt may start now with inflight
 // attempts running, and when it may not because of the pause, how long
@@ -55,13 +61,14 @@ func (b *Breaker) Allow(now time.Time, inflight int) (ok bool, wait time.Duratio
 // or a timeout). It reports whether the breaker changed state.
 func (b *Breaker) Done(now, started time.Time, overloaded bool) (changed bool) {
 	if !overloaded {
-		b.lastSuccess = now
+		b.lastSuccess, b.signalled = now, false
 		if b.open {
 			b.open, b.pause, b.notBefore = false, 0, time.Time{}
 			return true
 		}
 		return false
 	}
+	b.signalled = true
 	if b.lastSuccess.IsZero() {
 		b.lastSuccess = now // count the quiet from the first signal
 	}

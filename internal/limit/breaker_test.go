@@ -10,6 +10,13 @@ func TestBreakerOpensOnlyAfterQuietWithoutSuccess(t *testing.T) {
 	t0 := time.Unix(0, 0)
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
 	b.Done(ms(0), ms(0), false)
+	if b.Watching() {
+		t.Fatal("watching after a success")
+	}
+	b.Done(ms(0), ms(0), true)
+	if !b.Watching() {
+		t.Fatal("not watching after an overload signal: the next success's end time matters")
+	}
 	// A downstream short of capacity: rejections with successes between
 	// never open it.
 	for i := 1; i < 1000; i++ {
