@@ -71,9 +71,11 @@ other 4xx, the record goes to the dead letters. 429, 503 and connection
 errors burn no attempt: an endpoint that is down or overloaded is probed
 with pauses growing to 5s (or, with --adaptive, gets fewer requests in
 flight), nothing is dead-lettered for it, and the log summarises it every
-10s. --rate-limit and --key-rate-limit cap requests per second. Offsets are committed only
-below finished records; a new group starts at the oldest record. SIGINT or
-SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stderr)
+10s. --rate-limit and --key-rate-limit cap requests per second. Offsets
+are committed only below finished records; a new group starts at the
+oldest record. SIGINT or SIGTERM stops fetching, finishes the fetched
+records (at the rate limit, if any) for up to --shutdown-timeout, commits
+and exits 0.`, stderr)
 	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
 	group := fs.String("group", "", "consumer group `G` (required)")
 	var topics, topicRegex, headers listFlag
