@@ -353,3 +353,58 @@ func TestRateLimitValidation(t *testing.T) {
 		t.Errorf("Backfill with RateLimit: %v, want it refused", err)
 	}
 }
+
+// TestKeyRateLimitOtherOrders: in partition mode a limited key holds its
+// partition (records still start in offset order); in unordered mode the
+// records of one key, ready at once, each reserve a token and start spaced
+// out at the key's rate, not all together.
+func TestKeyRateLimitOtherOrders(t *testing.T) {
+	for _, o := range []Order{ByPartition, Unordered} {
+		t.Run(o.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c, dial := virtualCluster(t, "orders", 1)
+				var keys []string
+				for i := range 10 {
+					keys = append(keys, "hot", fmt.Sprint("cold", i))
+				}
+				produceKeys(t, c, dial, "orders", keys)
+				l := newStartLog()
+				var mu sync.Mutex
+				var offsets []int64
+				h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+					l.start(r)
+					mu.Lock()
+					offsets = append(offsets, r.Offset)
+					mu.Unlock()
+					l.success(r)
+					return nil
+				})
+				cons, err := New(h, append(virtualOpts(c, dial, "orders"), Ordering(o), KeyRateLimit(10, 1))...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stop := runConsumer(t, cons)
+				waitHandled(t, l, 20, time.Minute)
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				hot := l.byKey["hot"]
+				if len(hot) != 10 {
+					t.Fatalf("hot key started %d times, want 10", len(hot))
+				}
+				for i := 1; i < len(hot); i++ {
+					if gap := hot[i].Sub(hot[i-1]); gap < 99*time.Millisecond {
+						t.Fatalf("hot key starts %d and %d %v apart, want 100ms", i-1, i, gap)
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if o == ByPartition && !slices.IsSorted(offsets) {
+					t.Errorf("partition mode started records out of offset order: %v", offsets)
+				}
+			})
+		})
+	}
+}
