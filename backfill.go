@@ -229,6 +229,8 @@ func backfillConfig(r Range, opts []ConsumerOpt) (*cfg, error) {
 		return nil, errors.New("kpar: Topics and TopicRegex do not apply to Backfill: name the topic in its Range")
 	case len(c.retryTopics) > 0:
 		return nil, errors.New("kpar: RetryTopics is not supported by Backfill: failed records go to DeadLetters after MaxAttempts")
+	case c.rateLimit.on || c.keyRateLimit.on:
+		return nil, errors.New("kpar: RateLimit and KeyRateLimit are not supported by Backfill: bound its pace with Concurrency")
 	case c.readers < 1 || c.readers > maxReaders:
 		return nil, fmt.Errorf("kpar: Readers(%d) out of range: want 1 to %d", c.readers, maxReaders)
 	}

@@ -39,6 +39,17 @@
 // deadletter package has Kafka and file sinks, the pgsink module a
 // PostgreSQL one).
 //
+// # Flow control
+//
+// A downstream can say it is overloaded: an error wrapped with Overloaded
+// (kpar's forward package marks 429, 503 and unanswered requests so) does
+// not count against MaxAttempts, and dispatching slows down until the
+// downstream takes records again: through AdaptiveConcurrency's in-flight
+// limit, or without it a circuit breaker that probes an outage with growing
+// pauses. RateLimit and KeyRateLimit cap attempt starts per second, in all
+// and per record key. Records waiting for any of these stay in their window
+// and burn no attempt, and fetching pauses as the windows fill.
+//
 // # Options
 //
 // Options are checked at compile time where they apply: an Opt goes

@@ -62,6 +62,12 @@ type engine struct {
 	lim       *limit.Adaptive
 	active    int
 	limitWake *time.Timer
+	// rate holds the rate limits (throttle.go), nil when none; brk is the
+	// overload breaker (overload.go), nil with the adaptive limit, which
+	// paces an overloaded downstream itself; over summarises overload logs.
+	rate *rates
+	brk  *limit.Breaker
+	over overloadLog
 	// toggles are pause/resume decisions for the fetch controller
 	// (poll.go); toggleWake (capacity 1) wakes it.
 	toggles    []fetchToggle
@@ -107,7 +113,10 @@ func newEngine(c *Consumer) *engine {
 	e.cond.L = &e.mu
 	if c.cfg.adaptive {
 		e.lim = limit.New(c.cfg.concurrency)
+	} else {
+		e.brk = new(limit.Breaker)
 	}
+	e.rate = newRates(&c.cfg)
 	return e
 }
 

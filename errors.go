@@ -30,10 +30,15 @@ var ErrShutdownTimeout = errors.New("kpar: shutdown timeout passed with records 
 var ErrOrderingMismatch = errors.New("kpar: the group's members use another ordering mode (or are not kpar consumers): use one ordering for every member of a group")
 
 // Overloaded marks err as the downstream pushing back (an HTTP 429 or 503,
-// a connection refused, a full queue). With AdaptiveConcurrency it lowers
-// the in-flight limit, and the attempt does not count against MaxAttempts:
-// the record waits until the downstream takes it, it is not dead-lettered
-// for the downstream's overload. Without it, it is an ordinary failure.
+// a connection refused, a full queue). The attempt does not count against
+// MaxAttempts: the record waits until the downstream takes it, it is not
+// dead-lettered for the downstream's overload (a record that is itself the
+// problem must fail otherwise, or it waits forever). With
+// AdaptiveConcurrency it lowers the in-flight limit; without it, once such
+// failures come for 250ms without a success, a circuit breaker pauses
+// dispatching (100ms doubling to 5s) and then lets one probe at a time
+// through until one succeeds. Either way the log says so once, summarises
+// every 10s, and says when attempts succeed again.
 // Overloaded(nil) returns nil.
 func Overloaded(err error) error {
 	if err == nil {

@@ -36,10 +36,11 @@ func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, 
 	}
 	x.lastFailure, x.lastErr = now, err
 	x.class = classify(err, timedOut)
-	if e.lim != nil && IsOverloaded(err) && x.class != deadletter.ClassPermanent {
-		// The downstream pushed back: the adaptive limit paces the
-		// retries, and the attempt does not count. The record waits for
-		// the downstream, it is not dead-lettered for its overload.
+	if IsOverloaded(err) && x.class != deadletter.ClassPermanent {
+		// The downstream pushed back: the adaptive limit (or, without it,
+		// the overload breaker) paces the retries, and the attempt does
+		// not count. The record waits for the downstream, it is not
+		// dead-lettered for its overload.
 		it.attempts--
 		e.retryLater(t, backoff)
 		return

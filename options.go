@@ -111,6 +111,8 @@ type cfg struct {
 	commitMetadataBytes int
 	instanceID          string
 	adaptive            bool
+	rateLimit           rateSpec // RateLimit; off unless set
+	keyRateLimit        rateSpec // KeyRateLimit; off unless set
 	shutdownTimeout     time.Duration
 	revokeTimeout       time.Duration
 	retryBase           time.Duration
@@ -147,6 +149,8 @@ func defaultCfg() cfg {
 		retryBase:           100 * time.Millisecond,
 		retryMax:            10 * time.Second,
 		maxAttempts:         3,
+		rateLimit:           rateSpec{}, // off: starts are bounded by Concurrency alone
+		keyRateLimit:        rateSpec{}, // off
 		readers:             1,
 		attemptTimeout:      30 * time.Second,
 		logger:              slog.New(slog.DiscardHandler),
@@ -243,11 +247,45 @@ func CommitMetadataBytes(n int) ConsumerOpt {
 // when the downstream pushes back (an error marked Overloaded, an attempt
 // past AttemptTimeout, latency rising to twice its long-run level). At 1,
 // continued overload pauses dispatching (10ms doubling to 5s) between
-// probes. Records waiting for the limit stay in their window (fetching
-// pauses as usual) and burn no attempts; an Overloaded failure does not
-// count against MaxAttempts either. Consumer.ConcurrencyLimit reports the
+// probes; it then replaces the breaker that paces an overloaded downstream
+// without it (see Overloaded). Records waiting for the limit stay in their
+// window (fetching pauses as usual) and burn no attempts; an Overloaded
+// failure does not count against MaxAttempts either. Consumer.ConcurrencyLimit reports the
 // limit. Default: off (Concurrency attempts at most, always).
 func AdaptiveConcurrency() ConsumerOpt { return consumerOpt(func(c *cfg) { c.adaptive = true }) }
+
+// RateLimit bounds how many handler attempts start per second across the
+// Consumer, all partitions together: a token bucket of burst tokens that
+// refills at perSecond. Records that wait for a token stay in their window
+// (fetching pauses as usual), burn no attempt and are not retried; a retry
+// is a start like any other. With NewBatch each record of a batch counts.
+// perSecond must be above 0 and burst at least 1; a burst of 1 spaces
+// starts evenly, a larger one lets that many go at once after a quiet
+// spell. The drain after Run's context ends keeps to the limit too: the
+// buffered records then take their time, bounded by ShutdownTimeout.
+// Default: off.
+func RateLimit(perSecond float64, burst int) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.rateLimit = rateSpec{perSecond, burst, true} })
+}
+
+// KeyRateLimit bounds how many handler attempts start per second for each
+// record key (the same bytes in any partition or topic), a token bucket per
+// key like RateLimit's. A record whose key is out of tokens waits on a
+// timer, not on a worker, while records of other keys go on; it burns no
+// attempt. Records with a nil key are not limited by key. In ByKey mode the
+// waiting record stays first of its key, so order holds; in ByPartition
+// mode it is its partition's next record, so the partition waits with it;
+// in Unordered mode the records of one key are spaced out, each keeping its
+// place in the bucket's queue. With NewBatch the limit applies to each
+// batch's first record (RateLimit counts every record).
+//
+// Memory is bounded: at most 65,536 keys have a bucket at once. A bucket
+// that refilled equals a fresh one and is forgotten; past the bound, the
+// least recently used key's bucket is forgotten first, and that key may
+// then start up to burst records early. Default: off.
+func KeyRateLimit(perSecond float64, burst int) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.keyRateLimit = rateSpec{perSecond, burst, true} })
+}
 
 // InstanceID makes the consumer a static group member (KIP-345) with this
 // group.instance.id: a member that restarts with the same ID within the
@@ -364,6 +402,12 @@ func (c *cfg) validate() error {
 		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want 0 (twice AttemptTimeout) or more", c.stuckAfter)
 	case c.logger == nil:
 		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
+	}
+	if err := c.rateLimit.check("RateLimit"); err != nil {
+		return err
+	}
+	if err := c.keyRateLimit.check("KeyRateLimit"); err != nil {
+		return err
 	}
 	if c.regex && len(c.retryTopics) > 0 {
 		return fmt.Errorf("kpar: RetryTopics cannot be combined with TopicRegex: name the topics")

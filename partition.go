@@ -35,6 +35,9 @@ type extra struct {
 	lastErr      error
 	class        deadletter.Class
 	warnedNoSink bool
+	// keyPaid: the record reserved its key's token (KeyRateLimit) and was
+	// set aside until it is due; take lets it through once.
+	keyPaid bool
 
 	// Records consumed from a retry topic: the level n of <topic>.retry.<n>,
 	// when they are due, the attempts before this level, and the original

@@ -212,7 +212,7 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 		locked = true
 		next := e.finish(t, err, timedOut, backoff, now)
 		if next != nil {
-			if fast && ran < maxTake && next.Value.part.status == live {
+			if fast && ran < maxTake && next.Value.part.status == live && e.rate == nil {
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
@@ -301,6 +301,9 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 				continue
 			}
 		}
+		if e.keyWait(t) {
+			continue // set aside until its key has a token (throttle.go)
+		}
 		ps.running++
 		before := len(batch)
 		batch = append(batch, t)
@@ -308,6 +311,7 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 			batch = e.fillBatch(batch, t)
 		}
 		e.active += len(batch) - before
+		e.started(len(batch) - before)
 	}
 	return batch
 }
@@ -315,6 +319,9 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 // limited reports whether the adaptive limit lets no attempt start now,
 // arming a wake-up when it pauses dispatching. Called with mu held.
 func (e *engine) limited() bool {
+	if e.throttled() {
+		return true
+	}
 	if e.lim == nil {
 		return false
 	}
@@ -394,6 +401,7 @@ func (e *engine) callBatch(ctx context.Context, rs []*kgo.Record) (err error) {
 func (e *engine) observe(t *task, err error) time.Duration {
 	it := &t.Value
 	if err == nil {
+		e.recovered()
 		if len(e.hooks.done) > 0 {
 			lat := time.Since(e.epoch) - it.first
 			for _, h := range e.hooks.done {
@@ -412,7 +420,9 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	if pe, ok := err.(*PanicError); ok {
 		attrs = append(attrs, "stack", string(pe.Stack))
 	}
-	e.log.Warn("kpar: handler failed", attrs...)
+	if !e.overloaded(err, attrs) {
+		e.log.Warn("kpar: handler failed", attrs...)
+	}
 	for _, h := range e.hooks.failed {
 		h.OnAttemptFailed(r, it.totalAttempts(), err, backoff)
 	}
@@ -440,6 +450,7 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 		e.lim.Done(end, end.Sub(e.epoch)-t.Value.started, timedOut || IsOverloaded(err))
 		e.wake(1) // the limit may have room again
 	}
+	e.breakerDone(t, err, timedOut, now)
 	switch {
 	case ps.status == dropped:
 	case err == nil:

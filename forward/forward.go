@@ -394,9 +394,10 @@ func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 func noop() {}
 
 // transportError marks a request that got no answer (connection refused or
-// reset, a timeout) as the endpoint pushing back, kpar.Overloaded: with
-// kpar.AdaptiveConcurrency an endpoint that is down is probed ever more
-// slowly instead of having every record's attempts burnt and dead-lettered.
+// reset, a timeout) as the endpoint pushing back, kpar.Overloaded: an
+// endpoint that is down is probed ever more slowly (kpar's breaker, or
+// kpar.AdaptiveConcurrency) instead of having every record's attempts burnt
+// and dead-lettered.
 // Not when ctx itself ended: kpar stopped the attempt.
 func transportError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {

@@ -54,7 +54,7 @@ partition, 0-5 ms random work, concurrency 100), crash (kill at a commit
 mid-run, restart: lost and duplicated records).`, stderr)
 	scenarios := fs.String("scenario", "all", "comma-separated `scenarios` to run: "+strings.Join(bench.Scenarios(), ", ")+", or all")
 	contenders := fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.Contenders(), ", ")+", or all")
-	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000); 0 keeps the defaults")
+	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; batch 100000); 0 keeps the defaults")
 	partitions := fs.Int("partitions", 8, "partitions of every topic but pc-volume's (always 1)")
 	valueBytes := fs.Int("value-bytes", 100, "value size of the noop, io, keys, cpu, pc-volume and crash records (memory's are 16 bytes)")
 	latency := fs.Duration("latency", 5*time.Millisecond, "handler latency of the io and keys scenarios (a sleep)")

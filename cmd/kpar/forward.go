@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -66,9 +67,15 @@ partitions than --batch leave batches partial, sent after --batch-wait.
 A 2xx response finishes the record. 408, 429, 5xx, connection errors and
 timeouts are retried with backoff (Retry-After honoured on 429 and 503);
 after --max-attempts (and --retry-topics, if any), and at once for any
-other 4xx, the record goes to the dead letters. Offsets are committed only
-below finished records; a new group starts at the oldest record. SIGINT or
-SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stderr)
+other 4xx, the record goes to the dead letters. 429, 503 and connection
+errors burn no attempt: an endpoint that is down or overloaded is probed
+with pauses growing to 5s (or, with --adaptive, gets fewer requests in
+flight), nothing is dead-lettered for it, and the log summarises it every
+10s. --rate-limit and --key-rate-limit cap requests per second. Offsets
+are committed only below finished records; a new group starts at the
+oldest record. SIGINT or SIGTERM stops fetching, finishes the fetched
+records (at the rate limit, if any) for up to --shutdown-timeout, commits
+and exits 0.`, stderr)
 	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
 	group := fs.String("group", "", "consumer group `G` (required)")
 	var topics, topicRegex, headers listFlag
@@ -87,7 +94,11 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	retryTopics := fs.String("retry-topics", "", "comma-separated `DELAYS` (1s,30s): after --max-attempts a record goes to <topic>.retry.1, due 1s later, then <topic>.retry.2, ..., then the dead letters; the main topic is not held up")
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
-	adaptive := fs.Bool("adaptive", false, "adapt the requests in flight to the endpoint, between 1 and --concurrency: fewer on 429, 503, refused connections, timeouts and rising latency, more while it answers fast; such failures then burn no attempt, so an overloaded or down endpoint slows kpar down instead of filling the dead letters")
+	adaptive := fs.Bool("adaptive", false, "adapt the requests in flight to the endpoint, between 1 and --concurrency: fewer on 429, 503, refused connections, timeouts and rising latency, more while it answers fast (without it, an endpoint answering only those is probed with growing pauses)")
+	rateLimit := fs.Float64("rate-limit", 0, "start at most `N` requests a second in all (retries included; with --batch, N records a second); 0: no limit")
+	keyRateLimit := fs.Float64("key-rate-limit", 0, "start at most `N` requests a second per record key; a limited key waits while other keys go on (with --ordering partition, its partition waits too); records without a key are not limited; 0: no limit")
+	rateBurst := fs.Int("rate-burst", 0, "with --rate-limit, how many requests may start at once after a quiet spell (`B`; default a tenth of a second's worth, N/10, at least 1)")
+	keyRateBurst := fs.Int("key-rate-burst", 0, "with --key-rate-limit, the burst of each key (`B`; default N/10, at least 1)")
 	commitInterval := fs.Duration("commit-interval", 2*time.Millisecond, "least time between two commits: a crash repeats the requests in flight plus what finished within one interval; each member commits at most 1/interval times a second, never while idle")
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
@@ -136,6 +147,10 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
 	case *sessionTimeout < time.Second:
 		return fs.usageError("invalid --session-timeout %v: want 1s or more", *sessionTimeout)
+	}
+	rateOpts, code, ok := rateFlags(fs, *rateLimit, *rateBurst, *keyRateLimit, *keyRateBurst)
+	if !ok {
+		return code
 	}
 	if code, ok := att.check(fs); !ok {
 		return code
@@ -237,6 +252,7 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 		kpar.WithLogger(log),
 	}
 	opts = append(opts, att.opts()...)
+	opts = append(opts, rateOpts...)
 	if *adaptive {
 		opts = append(opts, kpar.AdaptiveConcurrency())
 	}
@@ -281,6 +297,15 @@ SIGTERM stops fetching, finishes in-flight requests, commits and exits 0.`, stde
 	}
 	if *batch > 1 {
 		attrs = append(attrs, "batch", *batch, "batch_wait", *batchWait)
+	}
+	if *adaptive {
+		attrs = append(attrs, "adaptive", true)
+	}
+	if *rateLimit > 0 {
+		attrs = append(attrs, "rate_limit", *rateLimit, "rate_burst", defaultBurst(*rateLimit, *rateBurst))
+	}
+	if *keyRateLimit > 0 {
+		attrs = append(attrs, "key_rate_limit", *keyRateLimit, "key_rate_burst", defaultBurst(*keyRateLimit, *keyRateBurst))
 	}
 	if len(retryDelays) > 0 {
 		attrs = append(attrs, "retry_topics", *retryTopics)
@@ -620,4 +645,39 @@ func redactURL(raw string) string {
 		return raw
 	}
 	return u.Redacted()
+}
+
+// rateFlags checks --rate-limit, --key-rate-limit and their bursts and
+// turns them into options.
+func rateFlags(fs *flagSet, rate float64, burst int, keyRate float64, keyBurst int) (opts []kpar.ConsumerOpt, code int, ok bool) {
+	for _, f := range []struct {
+		name, burstName string
+		rate            float64
+		burst           int
+		opt             func(float64, int) kpar.ConsumerOpt
+	}{
+		{"rate-limit", "rate-burst", rate, burst, kpar.RateLimit},
+		{"key-rate-limit", "key-rate-burst", keyRate, keyBurst, kpar.KeyRateLimit},
+	} {
+		switch {
+		case !(f.rate >= 0) || math.IsInf(f.rate, 1):
+			return nil, fs.usageError("invalid --%s %v: want requests a second above 0 (0.5: one every 2s), or 0 for no limit", f.name, f.rate), false
+		case f.burst < 0:
+			return nil, fs.usageError("invalid --%s %d: want 1 or more, or 0 for the default", f.burstName, f.burst), false
+		case f.rate == 0 && f.burst > 0:
+			return nil, fs.usageError("invalid --%s: it needs --%s", f.burstName, f.name), false
+		case f.rate > 0:
+			opts = append(opts, f.opt(f.rate, defaultBurst(f.rate, f.burst)))
+		}
+	}
+	return opts, 0, true
+}
+
+// defaultBurst is burst, or when it is 0 a tenth of a second's worth of
+// rate, at least 1: --rate-limit 500 lets no second start more than 550.
+func defaultBurst(rate float64, burst int) int {
+	if burst > 0 {
+		return burst
+	}
+	return max(1, int(math.Ceil(rate/10)))
 }

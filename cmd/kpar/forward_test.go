@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -897,6 +898,12 @@ func TestForwardRejectsBadFlags(t *testing.T) {
 		{"metrics on every interface", append(slices.Clone(base), "--metrics-listen", ":0"), nil, "--metrics-listen"},
 		{"metrics without port", append(slices.Clone(base), "--metrics-listen", "127.0.0.1"), nil, "--metrics-listen"},
 		{"log level", append(slices.Clone(base), "--log-level", "loud"), nil, "--log-level"},
+		{"rate limit", append(slices.Clone(base), "--rate-limit", "-1"), nil, "--rate-limit"},
+		{"rate limit from env", base, map[string]string{"KPAR_RATE_LIMIT": "fast"}, "--rate-limit"},
+		{"rate burst without a limit", append(slices.Clone(base), "--rate-burst", "5"), nil, "--rate-burst"},
+		{"rate burst", append(slices.Clone(base), "--rate-limit", "5", "--rate-burst", "-1"), nil, "--rate-burst"},
+		{"key rate limit", append(slices.Clone(base), "--key-rate-limit", "NaN"), nil, "--key-rate-limit"},
+		{"key rate limit from env", base, map[string]string{"KPAR_KEY_RATE_LIMIT": "-2"}, "--key-rate-limit"},
 		{"tls cert without key", append(slices.Clone(base), "--tls-cert", "c.pem"), nil, "--tls-key"},
 		{"sasl mechanism", append(slices.Clone(base), "--sasl-mechanism", "gssapi"), nil, "--sasl-mechanism"},
 		{"sasl without password", append(slices.Clone(base), "--sasl-mechanism", "plain", "--sasl-user", "u"), nil, "--sasl-password"},
@@ -976,6 +983,7 @@ func TestForwardHelpListsEveryFlag(t *testing.T) {
 		"(default 64)", "(default 3)", "(default 100ms)", "(default 10s)", "(default 30s)", "(default key)",
 		"-batch", "-batch-wait", "(default 5ms)", "-header", "-header-file", "-url-ca", "-retry-topics",
 		"-dead-letters", "-topic-regex", "Kpar-Tombstone", "Kpar-Headers", "traceparent",
+		"-rate-limit", "-key-rate-limit", "-rate-burst", "-key-rate-burst", "-adaptive",
 	} {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage does not mention %s:\n%s", f, stderr.String())
@@ -1340,5 +1348,75 @@ func TestForwardParseDeadLetters(t *testing.T) {
 	}
 	if s, _ := parseDeadLetters("postgres://u:s3cret@db/kpar"); strings.Contains(s.describe(), "s3cret") {
 		t.Errorf("describe() = %q shows the password", s.describe())
+	}
+}
+
+// TestForwardOutageDeadLettersNothing: with the default flags an endpoint
+// that answers 503 until records have been tried past --max-attempts
+// dead-letters nothing; once it recovers every record is delivered, and the
+// log summarises the outage instead of a line per attempt.
+func TestForwardOutageDeadLettersNothing(t *testing.T) {
+	t.Parallel()
+	bin := buildKpar(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "3")
+	const n = 60
+	produceIndexed(ctx, t, "orders", n, 6, kgo.SeedBrokers(addr))
+
+	var down atomic.Bool
+	down.Store(true)
+	var ep *endpoint
+	ep = newEndpoint(t, func(i, attempt int) reply {
+		if down.Load() {
+			ep.note(func() {}) // wake the waiter: it counts attempts
+			return reply{status: http.StatusServiceUnavailable}
+		}
+		return reply{}
+	})
+	dlq := filepath.Join(t.TempDir(), "dead.jsonl")
+	p := startForward(ctx, t, bin, nil, "--brokers", addr, "--group", "g", "--topic", "orders",
+		"--url", ep.srv.URL, "--dead-letters", "file://"+dlq)
+	// Down until records were tried past --max-attempts (3), which before
+	// made them dead letters (in key order only the first of each key is
+	// tried), and for a second: the breaker opens after 250ms.
+	ep.waitFor(ctx, t, p, "records tried more than 3 times, for a second", func() bool {
+		past, first := 0, time.Now()
+		for _, a := range ep.attempts {
+			if len(a) > 3 {
+				past++
+			}
+			if len(a) > 0 && a[0].Before(first) {
+				first = a[0]
+			}
+		}
+		return past >= 3 && time.Since(first) > time.Second
+	})
+	down.Store(false)
+	ep.waitFor(ctx, t, p, "every record delivered after the outage", func() bool { return ep.delivered() == n })
+	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
+	}
+	if b, err := os.ReadFile(dlq); err == nil && len(b) > 0 {
+		t.Errorf("dead letters written for the outage:\n%s", b)
+	}
+	log := p.stderr.String()
+	attempts := 0
+	ep.mu.Lock()
+	for _, a := range ep.attempts {
+		attempts += len(a)
+	}
+	ep.mu.Unlock()
+	for _, c := range []struct {
+		msg  string
+		want int
+	}{
+		{"kpar: handler failed", 0},
+		{"kpar: downstream overloaded", 1},
+		{"kpar: downstream recovered", 1},
+	} {
+		if got := strings.Count(log, c.msg); got != c.want {
+			t.Errorf("%q logged %d times for %d attempts, want %d; stderr:\n%s", c.msg, got, attempts, c.want, tail(p.stderr))
+		}
 	}
 }

@@ -145,9 +145,23 @@ type statusResponse struct {
 	Totals    kparprom.Totals `json:"totals"`
 	// ConcurrencyLimit is how many records may be in flight now: the
 	// adaptive limit with --adaptive, else --concurrency.
-	ConcurrencyLimit int                        `json:"concurrency_limit"`
-	Partitions       []partitionStatus          `json:"partitions"`
-	DeadLetters      []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
+	ConcurrencyLimit int `json:"concurrency_limit"`
+	// RateLimit is --rate-limit and --key-rate-limit (per_second 0: off).
+	RateLimit rateStatus `json:"rate_limit"`
+	// Backlog is the records not finished over the assigned partitions
+	// whose high watermark is known: the sum of their backlogs.
+	Backlog     int64                      `json:"backlog"`
+	Partitions  []partitionStatus          `json:"partitions"`
+	DeadLetters []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
+}
+
+// rateStatus is the rate limits of statusResponse.
+type rateStatus struct {
+	PerSecond    float64 `json:"per_second"`
+	Burst        int     `json:"burst"`
+	KeyPerSecond float64 `json:"key_per_second"`
+	KeyBurst     int     `json:"key_burst"`
+	Keys         int     `json:"keys"` // keys with a bucket now
 }
 
 // partitionStatus is one partition of statusResponse. Offsets not known
@@ -179,10 +193,14 @@ func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusRe
 		Readiness:        why,
 		Totals:           m.Totals(),
 		ConcurrencyLimit: c.ConcurrencyLimit(),
+		RateLimit:        rateStatus(c.RateLimits()),
 		Partitions:       []partitionStatus{},
 		DeadLetters:      m.RecentDeadLetters(),
 	}
 	for _, s := range m.PartitionStatus(ctx, c.Partitions()) {
+		if s.Backlog > 0 {
+			resp.Backlog += s.Backlog
+		}
 		resp.Partitions = append(resp.Partitions, partitionStatus{
 			Topic: s.Topic, Partition: s.Partition,
 			Start: s.Start, End: s.End, Committed: s.Committed,

@@ -216,6 +216,10 @@ func TestServeStatusEndpoints(t *testing.T) {
 		if !s.Ready || s.Readiness != "4 partitions assigned in group g" {
 			t.Errorf("GET /api/status: ready %v %q, want true \"4 partitions assigned in group g\"", s.Ready, s.Readiness)
 		}
+		if s.Backlog != 0 || s.ConcurrencyLimit < 1 || s.RateLimit != (rateStatus{}) {
+			t.Errorf("GET /api/status: backlog %d, concurrency limit %d, rate limit %+v; want 0, 1 or more, off",
+				s.Backlog, s.ConcurrencyLimit, s.RateLimit)
+		}
 		var hwm int64
 		for i, p := range s.Partitions {
 			if p.Topic != "t" || p.Partition != int32(i) || p.Committed != p.HighWatermark || p.Start != p.End || p.InFlight != 0 {
@@ -359,6 +363,7 @@ func TestServeStatusPageInChromium(t *testing.T) {
 		t.Errorf("page shows %d dead-letter rows, want %d", got, dls)
 	}
 	for _, want := range []string{`class="seg-run"`, `class="seg-done"`, `class="badge ok">ready<`, "stuck at 1 for",
+		"<span>concurrency limit ", "<span>rate limit off</span>", " records</span>", ">Backlog</th>",
 		"cannot parse &lt;b&gt;this&lt;/b&gt; record"} { // error text shown as text, not markup
 		if !strings.Contains(dom, want) {
 			t.Errorf("page lacks %q; DOM:\n%s", want, dom)

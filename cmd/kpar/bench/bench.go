@@ -59,10 +59,16 @@ const (
 	Memory   = "memory"
 	PCVolume = "pc-volume"
 	Crash    = "crash"
+	Adaptive = "adaptive"
+	Rate     = "rate"
+	Forward  = "forward"
+	Batch    = "batch"
 )
 
 // Scenarios lists every scenario name.
-func Scenarios() []string { return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash} }
+func Scenarios() []string {
+	return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash, Adaptive, Rate, Forward, Batch}
+}
 
 // Config chooses scenarios and sizes. The zero value of a field means its
 // default (see DefaultConfig).
@@ -601,6 +607,14 @@ func (r *runner) scenario(ctx context.Context, s string) ([]Result, error) {
 		return r.pcVolume(ctx)
 	case Crash:
 		return r.crash(ctx)
+	case Adaptive:
+		return r.adaptive(ctx)
+	case Rate:
+		return r.rate(ctx)
+	case Forward:
+		return r.forward(ctx)
+	case Batch:
+		return r.batch(ctx)
 	}
 	return nil, errors.New("unknown scenario " + s)
 }

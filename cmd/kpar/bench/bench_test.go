@@ -176,3 +176,28 @@ func BenchmarkCPU(b *testing.B) {
 	iters := calibrateBurn(50 * time.Microsecond)
 	benchScenario(b, CPU, Contenders(), 100_000, func() work { return burnWork(iters) }, defaultConcurrency)
 }
+
+// TestRunSmallFlow runs the forwarding scenarios small: every record is
+// delivered or dead-lettered, nothing lost, each with its ratio.
+func TestRunSmallFlow(t *testing.T) {
+	cfg := Config{Scenarios: []string{Adaptive, Rate, Forward, Batch}, Records: 600}
+	if testing.Verbose() {
+		cfg.Progress = os.Stderr
+	}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{Adaptive: "capacity", Rate: "1s", Forward: "generator", Batch: "generator"}
+	if len(rep.Results) != 7 {
+		t.Fatalf("%d results, want 7: %+v", len(rep.Results), rep.Results)
+	}
+	for _, res := range rep.Results {
+		if res.Err != "" || res.Lost != 0 || res.Records != res.Target {
+			t.Errorf("%s %s %s: %+v", res.Scenario, res.Variant, res.Contender, res)
+		}
+		if res.Contender == KparForward && res.RatioTo != want[res.Scenario] {
+			t.Errorf("%s %s: ratio to %q, want %q", res.Scenario, res.Variant, res.RatioTo, want[res.Scenario])
+		}
+	}
+}

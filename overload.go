@@ -1,0 +1,131 @@
+package kpar
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A downstream that is down or overloaded answers every attempt with an
+// error marked Overloaded (kpar forward: 429, 503, refused connections).
+// Three things keep such a spell from emptying the topic into the
+// dead-letter sink and from flooding the downstream and the log:
+//
+//   - fail (failures.go) does not count the attempt against MaxAttempts;
+//   - the adaptive limit, or without it the breaker (internal/limit),
+//     slows dispatching down to probes with growing pauses;
+//   - the failures are logged once when the spell begins, then summarised
+//     every overloadReport, and its end is logged once.
+
+// overloadReport is how often an overload spell is summarised in the log.
+const overloadReport = 10 * time.Second
+
+// overloadEnds is how long attempts must go without an overload signal,
+// succeeding, for a spell to end: a downstream short of capacity mixes
+// rejections with successes, and that is one long spell, not many short
+// ones.
+const overloadEnds = time.Second
+
+// overloadLog summarises the overloaded failures of one Run. Failures are
+// observed outside engine.mu, so it has a lock of its own.
+type overloadLog struct {
+	active  atomic.Bool  // a spell is on
+	last    atomic.Int64 // UnixNano of its latest overloaded failure
+	probing atomic.Bool  // the breaker is open: a success is a probe's, the end of an outage
+	// succeeded: an attempt succeeded during the spell. A spell whose
+	// successes stopped (the topic drained) before overloadEnds passed
+	// does not end in the log; its next failure then begins a new one.
+	succeeded atomic.Bool
+
+	mu       sync.Mutex // guards the rest
+	since    time.Time  // the spell's first overloaded failure
+	reported time.Time  // its latest summary (or beginning)
+	recent   int        // overloaded failures since then
+	total    int        // overloaded failures of the spell
+}
+
+// breakerDone gives an attempt's outcome to the overload breaker. now is
+// when the attempt started: close enough for a success while nothing is
+// overloaded, and free of a clock reading per record then. Once overload
+// signals come, the breaker measures the quiet since the last success
+// from when that success ended: on a starved machine a downstream short of
+// capacity answers slowly, and that is not an outage. Called with mu held.
+func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
+	if e.brk == nil {
+		return
+	}
+	over := err != nil && (timedOut || IsOverloaded(err))
+	if over || e.brk.Watching() {
+		now = time.Now()
+	}
+	if e.brk.Done(now, t.Value.started, over) {
+		e.over.probing.Store(e.brk.Open())
+		e.wake(1) // closed again, or a new pause: a worker re-reads the gate
+	}
+}
+
+// overloaded logs a failed attempt whose error is marked Overloaded, the
+// spell's first one in full and the rest in summaries, and reports whether
+// err was such an error (else the caller logs it). attrs describe the
+// attempt.
+func (e *engine) overloaded(err error, attrs []any) bool {
+	if !IsOverloaded(err) {
+		return false
+	}
+	o := &e.over
+	now := time.Now()
+	prev := o.last.Swap(now.UnixNano())
+	o.mu.Lock()
+	if o.active.Load() && o.succeeded.Load() && now.UnixNano()-prev >= int64(overloadEnds) {
+		o.active.Store(false) // see succeeded
+	}
+	if !o.active.Load() {
+		o.active.Store(true)
+		o.succeeded.Store(false)
+		o.since, o.reported, o.recent, o.total = now, now, 0, 1
+		o.mu.Unlock()
+		e.log.Warn("kpar: downstream overloaded: an attempt failed with an error marked Overloaded; "+
+			"such attempts burn no retry, dispatching slows down to probes, and further ones are summarised every 10s", attrs...)
+		return true
+	}
+	o.recent++
+	o.total++
+	if now.Sub(o.reported) < overloadReport {
+		o.mu.Unlock()
+		return true
+	}
+	recent, since, in := o.recent, o.since, now.Sub(o.reported)
+	o.reported, o.recent = now, 0
+	o.mu.Unlock()
+	e.log.Warn("kpar: downstream still overloaded",
+		"for", now.Sub(since).Round(time.Millisecond), "failed_attempts", recent, "in", in.Round(time.Millisecond), "err", err)
+	return true
+}
+
+// recovered ends an overload spell when an attempt succeeded overloadEnds
+// after the latest overloaded failure, or succeeded while the breaker was
+// open (a probe: the outage is over, however soon the backlog drains).
+// Called for every success: it costs an atomic load unless a spell is on.
+func (e *engine) recovered() {
+	o := &e.over
+	if !o.active.Load() {
+		return
+	}
+	if !o.succeeded.Load() {
+		o.succeeded.Store(true)
+	}
+	now := time.Now()
+	if !o.probing.Load() && now.UnixNano()-o.last.Load() < int64(overloadEnds) {
+		return
+	}
+	o.mu.Lock()
+	if !o.active.Load() {
+		o.mu.Unlock()
+		return
+	}
+	o.active.Store(false)
+	since, total := o.since, o.total
+	o.mu.Unlock()
+	e.log.Info("kpar: downstream recovered: attempts succeed again",
+		"overloaded_for", now.Sub(since).Round(time.Millisecond), "failed_attempts", total)
+}
