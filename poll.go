@@ -164,7 +164,8 @@ func (e *engine) admit(fs kgo.Fetches) {
 // once or later, from held) is bookkeeping only.
 func (e *engine) prepare(recs []*kgo.Record) []task {
 	tasks := make([]task, len(recs))
-	keyed := e.cfg.ordering == ByKey
+	// Keys are hashed for the lanes of ByKey and for KeyRateLimit.
+	keyed := e.cfg.ordering == ByKey || (e.rate != nil && e.rate.keys != nil)
 	for i, r := range recs {
 		it := &tasks[i].Value
 		it.rec, it.size = r, recordSize(r)

@@ -115,7 +115,11 @@ func (e *engine) keyWait(t *task) bool {
 	if k == nil {
 		return false
 	}
-	wait := e.rate.keys.Reserve(time.Now(), maphash.Bytes(e.seed, k))
+	h := it.lane // hashed by prepare, outside the lock
+	if it.x != nil && it.x.origin != nil {
+		h = maphash.Bytes(e.seed, k) // a retry-topic record: its original's key
+	}
+	wait := e.rate.keys.Reserve(time.Now(), h)
 	if wait <= 0 {
 		return false
 	}
