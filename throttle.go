@@ -67,12 +67,13 @@ func newRates(c *cfg) *rates {
 // with mu held.
 func (e *engine) throttled() bool {
 	global := e.rate != nil && e.rate.global != nil
-	if e.brk == nil && !global {
-		return false
+	open := e.brk != nil && e.brk.Open()
+	if !open && !global {
+		return false // the common case: no clock read per record
 	}
 	now := time.Now()
 	ok, wait := true, time.Duration(0)
-	if e.brk != nil {
+	if open {
 		ok, wait = e.brk.Allow(now, e.active)
 	}
 	if ok && global {
