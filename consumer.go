@@ -55,6 +55,7 @@ type Consumer struct {
 	cancel context.CancelFunc // cancels the current Run
 	done   chan struct{}      // closed when the current Run returns
 	eng    *engine            // the current Run's engine, for Partitions
+	share  *shareRun          // the current Run with ShareGroup, for ShareStats
 }
 
 // New returns a Consumer that hands each record to h. It validates the
@@ -113,6 +114,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
+	if c.cfg.shareGroup != "" {
+		s := newShareRun(c)
+		c.cancel, c.done, c.share = cancel, done, s
+		c.mu.Unlock()
+		return s.run(ctx)
+	}
 	e := newEngine(c)
 	c.cancel, c.done, c.eng = cancel, done, e
 	c.mu.Unlock()
@@ -152,9 +159,12 @@ func (c *Consumer) Overdue() int {
 // when not running.
 func (c *Consumer) ConcurrencyLimit() int {
 	c.mu.Lock()
-	e := c.eng
+	e, share := c.eng, c.share
 	c.mu.Unlock()
 	if e == nil {
+		if share != nil {
+			return c.cfg.concurrency
+		}
 		return 0
 	}
 	e.mu.Lock()

@@ -233,7 +233,7 @@ func (e *engine) letter(t *task) deadletter.Letter {
 	}
 	return deadletter.Letter{
 		Record:       it.original(),
-		Group:        e.cfg.group,
+		Group:        e.cfg.letterGroup(),
 		Class:        x.class,
 		Message:      msg,
 		Attempts:     it.totalAttempts(),
