@@ -77,6 +77,9 @@ func ShareGroup(name string) ConsumerOpt {
 // counters count from the start of the current (or last) Run.
 type ShareStats struct {
 	Group string
+	// Running is true from the moment Run has a client that reached the
+	// brokers until its shutdown begins.
+	Running bool
 	// Acquired counts the records this member holds: polled and not
 	// acknowledged yet (queued, running, waiting for a retry, or waiting
 	// for the dead-letter sink).
@@ -107,14 +110,18 @@ type ShareStats struct {
 	AckErrors int64
 }
 
-// ShareStats returns a snapshot of the share-group member, and false when
-// the Consumer is not configured with ShareGroup or never ran.
+// ShareStats returns a snapshot of the share-group member (zero counters
+// before the first Run), and false when the Consumer is not configured
+// with ShareGroup.
 func (c *Consumer) ShareStats() (ShareStats, bool) {
+	if c.cfg.shareGroup == "" {
+		return ShareStats{}, false
+	}
 	c.mu.Lock()
 	s := c.share
 	c.mu.Unlock()
 	if s == nil {
-		return ShareStats{}, false
+		return ShareStats{Group: c.cfg.shareGroup}, true
 	}
 	return s.snapshot(), true
 }
@@ -175,6 +182,7 @@ type shareRun struct {
 	received, redelivered, polls              atomic.Int64
 	accepted, deadLettered, released, renewed atomic.Int64
 	ackErrors                                 atomic.Int64
+	live                                      atomic.Bool // see ShareStats.Running
 	maxDelivery, limit                        atomic.Int32
 
 	mu       sync.Mutex
@@ -219,7 +227,7 @@ func (s *shareRun) snapshot() ShareStats {
 	s.mu.Lock()
 	st := ShareStats{Acquired: len(s.held), InFlight: s.running, Retrying: len(s.timers)}
 	s.mu.Unlock()
-	st.Group = s.cfg.shareGroup
+	st.Group, st.Running = s.cfg.shareGroup, s.live.Load()
 	st.Polls, st.Received, st.Redelivered = s.polls.Load(), s.received.Load(), s.redelivered.Load()
 	st.MaxDeliveryCount, st.DeliveryLimit = s.maxDelivery.Load(), s.limit.Load()
 	st.Accepted, st.DeadLettered = s.accepted.Load(), s.deadLettered.Load()
@@ -295,7 +303,9 @@ func (s *shareRun) run(ctx context.Context) error {
 		deadWriter.Go(func() { s.deadLetterWriter(hctx) })
 	}
 
+	s.live.Store(true)
 	runErr := s.poll(ctx)
+	s.live.Store(false)
 
 	deadline := time.Now().Add(s.cfg.shutdownTimeout)
 	reserve := min(s.cfg.shutdownTimeout/5, 2*time.Second)

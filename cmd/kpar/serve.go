@@ -42,7 +42,8 @@ const statusRefresh = time.Second
 //	GET /api/status  the page's data as JSON
 //	GET /healthz     200 while the process serves
 //	GET /readyz      200 while c is a member of its group, with partitions
-//	                 or idle; 503 otherwise (see kparprom.Metrics.Ready)
+//	                 or idle; 503 otherwise (see kparprom.Metrics.Ready); for
+//	                 a share-group member, 200 while it runs (see ready)
 //
 // An address with an empty host (":9464") is rejected, since it would
 // listen on every interface: a non-loopback address must be named.
@@ -59,6 +60,7 @@ func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom
 		m.PartitionCollector(c.Partitions),
 		m.OverdueCollector(c.Overdue),
 		m.LimitCollector(c.ConcurrencyLimit),
+		m.ShareCollector(c.ShareStats),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}, extra...)
@@ -125,7 +127,7 @@ func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, g prometheus.Gatherer)
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		ok, why := m.Ready()
+		ok, why := ready(c, m)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -137,6 +139,20 @@ func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, g prometheus.Gatherer)
 	return mux
 }
 
+// ready is /readyz's answer. A share-group member has no assignment the
+// hooks could report (the broker hands it records of every partition): it
+// is ready while it runs, from the moment its client reached the brokers.
+func ready(c *kpar.Consumer, m *kparprom.Metrics) (bool, string) {
+	st, share := c.ShareStats()
+	switch {
+	case !share:
+		return m.Ready()
+	case !st.Running:
+		return false, "share group " + st.Group + ": consumer not running"
+	}
+	return true, fmt.Sprintf("share group %s: %d records acquired, %d in flight", st.Group, st.Acquired, st.InFlight)
+}
+
 // statusResponse is the JSON of /api/status.
 type statusResponse struct {
 	Time      time.Time       `json:"time"`
@@ -145,9 +161,28 @@ type statusResponse struct {
 	Totals    kparprom.Totals `json:"totals"`
 	// ConcurrencyLimit is how many records may be in flight now: the
 	// adaptive limit with --adaptive, else --concurrency.
-	ConcurrencyLimit int                        `json:"concurrency_limit"`
-	Partitions       []partitionStatus          `json:"partitions"`
-	DeadLetters      []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
+	ConcurrencyLimit int               `json:"concurrency_limit"`
+	Partitions       []partitionStatus `json:"partitions"`
+	// Share is set for a share-group member (no partitions then).
+	Share       *shareStatus               `json:"share,omitempty"`
+	DeadLetters []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
+}
+
+// shareStatus is kpar.ShareStats in /api/status.
+type shareStatus struct {
+	Group            string `json:"group"`
+	Acquired         int    `json:"acquired"`  // held: polled, not acknowledged
+	InFlight         int    `json:"in_flight"` // in a handler now
+	Retrying         int    `json:"retrying"`  // held, waiting for a retry
+	Received         int64  `json:"received"`
+	Redelivered      int64  `json:"redelivered"` // received with a delivery count above 1
+	MaxDeliveryCount int32  `json:"max_delivery_count"`
+	DeliveryLimit    int32  `json:"delivery_limit"`
+	Accepted         int64  `json:"accepted"`      // dead letters included
+	DeadLettered     int64  `json:"dead_lettered"` // accepted once the sink acknowledged them
+	Released         int64  `json:"released"`
+	Renewed          int64  `json:"renewed"`
+	AckErrors        int64  `json:"ack_errors"`
 }
 
 // partitionStatus is one partition of statusResponse. Offsets not known
@@ -172,7 +207,7 @@ type partitionStatus struct {
 }
 
 func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusResponse {
-	ok, why := m.Ready()
+	ok, why := ready(c, m)
 	resp := statusResponse{
 		Time:             time.Now().UTC(),
 		Ready:            ok,
@@ -181,6 +216,15 @@ func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusRe
 		ConcurrencyLimit: c.ConcurrencyLimit(),
 		Partitions:       []partitionStatus{},
 		DeadLetters:      m.RecentDeadLetters(),
+	}
+	if st, share := c.ShareStats(); share {
+		resp.Share = &shareStatus{
+			Group: st.Group, Acquired: st.Acquired, InFlight: st.InFlight, Retrying: st.Retrying,
+			Received: st.Received, Redelivered: st.Redelivered,
+			MaxDeliveryCount: st.MaxDeliveryCount, DeliveryLimit: st.DeliveryLimit,
+			Accepted: st.Accepted, DeadLettered: st.DeadLettered, Released: st.Released,
+			Renewed: st.Renewed, AckErrors: st.AckErrors,
+		}
 	}
 	for _, s := range m.PartitionStatus(ctx, c.Partitions()) {
 		resp.Partitions = append(resp.Partitions, partitionStatus{
