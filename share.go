@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -172,9 +173,10 @@ type shareRun struct {
 	bh    BatchHandler
 	hooks *hooks
 	log   *slog.Logger
-	// eng is a bare engine (cfg, hooks, log, batch) for the per-record
-	// helpers the share runner shares with the engine and Backfill:
-	// dispatched, observe, callBatch, letter, deadLetterUntilAcked.
+	// eng is a bare engine (cfg, hooks, log, batch, attempt slots) for
+	// what the share runner shares with the engine and Backfill:
+	// dispatched, observe, callBatch, letter, deadLetterUntilAcked, and
+	// the watchdog of attempt deadlines.
 	eng     *engine
 	cl      *kgo.Client // set in run before any goroutine starts
 	maxPoll int
@@ -214,7 +216,8 @@ func newShareRun(c *Consumer) *shareRun {
 		timers:   make(map[*shareRec]*time.Timer),
 		deadWake: make(chan struct{}, 1),
 	}
-	s.eng = &engine{cfg: s.cfg, handler: s.h, batch: s.bh, hooks: s.hooks, log: s.log}
+	s.eng = &engine{cfg: s.cfg, handler: s.h, batch: s.bh, hooks: s.hooks, log: s.log,
+		slots: make(attemptSlots, c.cfg.concurrency), stuckAfter: time.Duration(math.MaxInt64)}
 	s.cond.L = &s.mu
 	s.limit.Store(defaultDeliveryLimit)
 	return s
@@ -295,10 +298,15 @@ func (s *shareRun) run(ctx context.Context) error {
 	// the drain times out, or after Run is done.
 	hctx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardStop()
-	var workers, deadWriter sync.WaitGroup
-	for range s.cfg.concurrency {
-		workers.Go(func() { s.worker(hctx) })
+	var workers, deadWriter, watchdog sync.WaitGroup
+	for i := range s.cfg.concurrency {
+		workers.Go(func() { s.worker(hctx, i) })
 	}
+	// The engine's watchdog cancels attempts past AttemptTimeout and
+	// relays the hard stop to running attempts.
+	watchCtx, stopWatchdog := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWatchdog()
+	watchdog.Go(func() { s.eng.watchdog(watchCtx, hctx.Done()) })
 	if s.cfg.deadLetters != nil {
 		deadWriter.Go(func() { s.deadLetterWriter(hctx) })
 	}
@@ -340,6 +348,8 @@ func (s *shareRun) run(ctx context.Context) error {
 	hardStop() // cancels running handlers and the dead-letter writer
 	waitTimeout(&workers, max(time.Until(deadline.Add(-reserve/2)), time.Millisecond))
 	deadWriter.Wait()
+	stopWatchdog()
+	watchdog.Wait()
 
 	// What is still held goes back to the group: explicitly, so that no
 	// acknowledgement but RELEASE can reach the broker for it.
@@ -495,9 +505,15 @@ func (s *shareRun) renew(now time.Time) {
 	}
 }
 
-func (s *shareRun) worker(ctx context.Context) {
-	var batch []*shareRec
-	var recs []*kgo.Record
+func (s *shareRun) worker(ctx context.Context, slot int) {
+	var (
+		taken, accept []*shareRec
+		recs          []*kgo.Record
+		// perRecord estimates the handler's time per record. Until a
+		// fast handler is measured, records are taken one at a time, so
+		// a slow handler never sits on records another worker could run.
+		perRecord = time.Hour
+	)
 	for {
 		s.mu.Lock()
 		for len(s.ready) == 0 && !s.stop {
@@ -507,58 +523,94 @@ func (s *shareRun) worker(ctx context.Context) {
 			s.mu.Unlock()
 			return
 		}
-		batch = s.takeLocked(batch[:0])
-		s.running += len(batch)
+		taken = s.takeLocked(taken[:0], perRecord)
+		s.running += len(taken)
 		s.mu.Unlock()
 
-		now := time.Now()
-		recs = recs[:0]
-		for _, r := range batch {
-			s.eng.dispatched(&r.t, now)
-			recs = append(recs, r.t.Value.rec)
-		}
-		actx, cancel := context.WithTimeout(ctx, s.cfg.attemptTimeout)
-		var err error
+		start := time.Now()
 		if s.bh != nil {
-			err = s.eng.callBatch(actx, recs)
+			accept = s.attempt(ctx, slot, taken, &recs, accept)
 		} else {
-			err = callHandler(actx, s.h, recs[0])
-		}
-		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
-		cancel()
-		var accept []*shareRec
-		for _, r := range batch {
-			backoff := s.eng.observe(&r.t, err)
-			switch {
-			case err == nil:
-				accept = append(accept, r)
-			case ctx.Err() != nil:
-				// Hard stop: the record is released with the rest.
-			default:
-				s.failed(r, err, timedOut, backoff)
+			for i := range taken {
+				accept = s.attempt(ctx, slot, taken[i:i+1], &recs, accept)
 			}
 		}
+		took := time.Since(start) / time.Duration(len(taken))
+		if perRecord > time.Minute {
+			perRecord = took
+		} else {
+			perRecord = (perRecord*3 + took) / 4
+		}
 		s.mu.Lock()
-		s.running -= len(batch)
+		s.running -= len(taken)
 		s.mu.Unlock()
 		if len(accept) > 0 {
 			s.accepted.Add(int64(len(accept)))
 			s.settle(accept, kgo.AckAccept)
 		}
-		clear(batch)
-		clear(recs)
+		clear(taken)
+		clear(accept)
+		accept = accept[:0]
 	}
 }
 
-// takeLocked pops the next ready record and, for a BatchHandler, the
-// records that may join it: its key's queued records (ByKey), or the next
-// ready records of its partition without a lane. Called with mu held.
-func (s *shareRun) takeLocked(batch []*shareRec) []*shareRec {
+// attempt runs the handler once on rs (one record, or a batch for a
+// BatchHandler) with an attempt context the engine's watchdog cancels at
+// AttemptTimeout, and returns accept with the records that succeeded
+// appended; failed ones go to failed.
+func (s *shareRun) attempt(ctx context.Context, slot int, rs []*shareRec, recs *[]*kgo.Record, accept []*shareRec) []*shareRec {
+	now := time.Now()
+	*recs = (*recs)[:0]
+	for _, r := range rs {
+		s.eng.dispatched(&r.t, now)
+		*recs = append(*recs, r.t.Value.rec)
+	}
+	actx := &attemptCtx{Context: ctx, deadline: now.Add(s.cfg.attemptTimeout), task: &rs[0].t, attempt: rs[0].t.Value.attempts}
+	s.eng.slots[slot].Store(actx)
+	var err error
+	if s.bh != nil {
+		err = s.eng.callBatch(actx, *recs)
+	} else {
+		err = callHandler(actx, s.h, (*recs)[0])
+	}
+	s.eng.slots[slot].Store(nil)
+	timedOut := err != nil && actx.timedOut()
+	for _, r := range rs {
+		backoff := s.eng.observe(&r.t, err)
+		switch {
+		case err == nil:
+			accept = append(accept, r)
+		case ctx.Err() != nil:
+			// Hard stop: the record is released with the rest.
+		default:
+			s.failed(r, err, timedOut, backoff)
+		}
+	}
+	clear(*recs)
+	return accept
+}
+
+// takeLocked pops the next ready record and, for a fast Handler, a share of
+// the others, or, for a BatchHandler, the records that may join it: its
+// key's queued records (ByKey), or the next ready records of its partition
+// without a lane. Called with mu held.
+func (s *shareRun) takeLocked(batch []*shareRec, perRecord time.Duration) []*shareRec {
 	first := s.ready[0]
 	s.ready[0] = nil
 	s.ready = s.ready[1:]
 	batch = append(batch, first)
 	if s.bh == nil {
+		// A worker whose handler is fast takes its share of the ready
+		// records at once, as the engine's do: the lock, not the
+		// handler, dominates there.
+		if perRecord < fastHandler {
+			n := min(maxTake, (len(s.ready)+s.cfg.concurrency)/s.cfg.concurrency)
+			for len(batch) < n && len(s.ready) > 0 {
+				batch = append(batch, s.ready[0])
+				s.ready[0] = nil
+				s.ready = s.ready[1:]
+			}
+		}
 		return batch
 	}
 	fr := first.t.Value.rec

@@ -440,3 +440,31 @@ func TestShareLastDeliveryStillReachesTheSink(t *testing.T) {
 		t.Fatalf("letters %+v: want one exhausted letter after 3 attempts", sink.letters)
 	}
 }
+
+// TestShareAttemptTimeoutCancelsTheHandler: AttemptTimeout cancels a
+// handler's context in share mode too, and the record is dead-lettered as
+// a timeout.
+func TestShareAttemptTimeoutCancelsTheHandler(t *testing.T) {
+	const topic = "share-timeout"
+	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
+	produce(t, c, topic, 1, 1)
+
+	sink := new(memSink)
+	cons, err := New(HandlerFunc(func(ctx context.Context, _ *kgo.Record) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}), append(shareOpts(c, "sg", topic), DeadLetters(sink), MaxAttempts(2), AttemptTimeout(50*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	awaitShareStats(t, cons, 20*time.Second, "the dead letter", func(s ShareStats) bool { return s.DeadLettered == 1 })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.letters) != 1 || sink.letters[0].Class != deadletter.ClassTimeout || sink.letters[0].Attempts != 2 {
+		t.Fatalf("letters %+v: want one timeout letter after 2 attempts", sink.letters)
+	}
+}
