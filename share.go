@@ -481,28 +481,37 @@ func (s *shareRun) waitAcknowledged(ctx context.Context) bool {
 		case <-ctx.Done():
 			return false
 		case now := <-t.C:
-			s.renew(now)
+			s.renew(ctx, now)
 		}
 	}
 }
 
 // renew extends the acquisition locks that passed half their duration.
-func (s *shareRun) renew(now time.Time) {
+func (s *shareRun) renew(ctx context.Context, now time.Time) {
 	var due []*kgo.Record
+	lock := time.Duration(math.MaxInt64)
 	s.mu.Lock()
 	for r := range s.held {
 		if !now.Before(r.renewAt) {
 			r.renewAt = now.Add(r.lockLen / 2)
 			due = append(due, r.t.Value.rec)
+			lock = min(lock, r.lockLen)
 		}
 	}
 	s.mu.Unlock()
-	if len(due) > 0 {
-		// A record acknowledged meanwhile keeps its final status: the
-		// client renews only records with none.
-		s.cl.MarkAcks(kgo.AckRenew, due...)
-		s.renewed.Add(int64(len(due)))
+	if len(due) == 0 {
+		return
 	}
+	// A record acknowledged meanwhile keeps its final status: the client
+	// renews only records with none.
+	s.cl.MarkAcks(kgo.AckRenew, due...)
+	s.renewed.Add(int64(len(due)))
+	// The client sends acknowledgements with its next fetch, or after a
+	// second: too late for a short lock. Send them now (the poller has
+	// nothing else to do meanwhile).
+	fctx, cancel := context.WithTimeout(ctx, min(lock/4, time.Second))
+	_ = s.cl.FlushAcks(fctx)
+	cancel()
 }
 
 func (s *shareRun) worker(ctx context.Context, slot int) {
