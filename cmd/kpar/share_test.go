@@ -13,9 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
 
+	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/kparprom"
 )
 
 // shareEndpoint answers the two members of TestForwardShareGroupSIGKILL:
@@ -238,5 +242,74 @@ func TestForwardShareGroupFlagsAreExclusive(t *testing.T) {
 	p := startForward(ctx, t, bin, nil, "--brokers", "127.0.0.1:1", "--topic", "t", "--url", "http://127.0.0.1:1/")
 	if code := p.wait(ctx, t); code != 2 || !strings.Contains(p.stderr.String(), "--share-group") {
 		t.Fatalf("no group: exit %d, stderr:\n%s\nwant 2 and a message naming --group and --share-group", code, p.stderr)
+	}
+}
+
+// TestServeStatusOfAShareGroupMember: /readyz, /api/status and /metrics of a
+// share-group member, which has no partitions to show.
+func TestServeStatusOfAShareGroupMember(t *testing.T) {
+	const records = 30
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	produceIndexed(ctx, t, "t", records, 3, kgo.SeedBrokers(cluster.ListenAddrs()...))
+
+	m := kparprom.New()
+	cons, err := kpar.New(kpar.HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+		kpar.Brokers(cluster.ListenAddrs()...), kpar.ShareGroup("sg"), kpar.Topics("t"), kpar.WithHooks(m),
+		kpar.ClientOptions(kgo.FetchMaxWait(50*time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stopServer := context.WithCancel(context.Background())
+	t.Cleanup(stopServer)
+	addr, err := serveStatus(sctx, "127.0.0.1:0", cons, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	f := &statusFixture{cluster: cluster, cons: cons, metrics: m, stop: stopServer, base: "http://" + addr,
+		client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+
+	if code, body := f.get(t, "/readyz"); code != http.StatusServiceUnavailable || body != "not ready: share group sg: consumer not running\n" {
+		t.Errorf("GET /readyz before Run = %d %q", code, body)
+	}
+	rctx, stopRun := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(rctx) }()
+	f.waitFor(t, "every record accepted", func() bool {
+		s := f.apiStatus(t)
+		return s.Share != nil && s.Share.Accepted == records
+	})
+	if code, body := f.get(t, "/readyz"); code != http.StatusOK || !strings.HasPrefix(body, "ready: share group sg: ") {
+		t.Errorf("GET /readyz = %d %q, want 200 naming the share group", code, body)
+	}
+	s := f.apiStatus(t)
+	if !s.Ready || len(s.Partitions) != 0 || s.Share.Group != "sg" || s.Share.Received != records || s.Share.Acquired != 0 || s.Share.DeliveryLimit != 5 {
+		t.Errorf("GET /api/status = %+v, share %+v", s, s.Share)
+	}
+	_, body := f.get(t, "/metrics")
+	for _, want := range []string{
+		`kpar_share_received_records_total 30`,
+		`kpar_share_acknowledgements_total{kind="accept"} 30`,
+		`kpar_share_acquired_records 0`,
+		`kpar_records_handled_total{topic="t"} 30`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("GET /metrics lacks %q", want)
+		}
+	}
+	if _, page := f.get(t, "/"); !strings.Contains(page, `<tbody id="share-stats">`) {
+		t.Error("the status page has no share panel")
+	}
+	stopRun()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 }
