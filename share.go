@@ -59,7 +59,8 @@ import (
 //
 // franz-go accepts, at the next poll, every record of a poll that has no
 // final acknowledgement yet; kpar therefore polls again only when every
-// record of the last poll (up to twice Concurrency) is acknowledged. A
+// record of the last poll (up to twice Concurrency records, times BatchSize
+// with NewBatch) is acknowledged. A
 // record waiting for its retry holds back this member's next poll, not
 // the group's: other members go on.
 //
@@ -204,12 +205,15 @@ type shareRun struct {
 
 func newShareRun(c *Consumer) *shareRun {
 	s := &shareRun{
-		cfg:      &c.cfg,
-		h:        c.handler,
-		bh:       c.batch,
-		hooks:    &c.hooks,
-		log:      c.cfg.logger,
-		maxPoll:  min(2*c.cfg.concurrency, 1<<15),
+		cfg:   &c.cfg,
+		h:     c.handler,
+		bh:    c.batch,
+		hooks: &c.hooks,
+		log:   c.cfg.logger,
+		// Twice what the workers run at once: enough to keep them busy
+		// across the handover to the next poll, little enough not to
+		// sit on records other members could run.
+		maxPoll:  min(2*c.cfg.concurrency*c.cfg.batchSize, 1<<15),
 		lanes:    make(map[string]*shareLane),
 		held:     make(map[*shareRec]struct{}),
 		topics:   make(map[string]struct{}),

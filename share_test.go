@@ -468,3 +468,81 @@ func TestShareAttemptTimeoutCancelsTheHandler(t *testing.T) {
 		t.Fatalf("letters %+v: want one timeout letter after 2 attempts", sink.letters)
 	}
 }
+
+// TestShareByKeyRunsOneRecordPerKeyAtATime: in ByKey mode a member never
+// runs two records of one key at once, and a key's records of one poll run
+// in offset order.
+func TestShareByKeyRunsOneRecordPerKeyAtATime(t *testing.T) {
+	const topic, n, keys = "share-keys", 300, 5
+	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
+	produce(t, c, topic, n, keys)
+
+	l := newLedger(n)
+	var mu sync.Mutex
+	running := map[string]int{}
+	last := map[string]int64{}
+	cons, err := New(HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		k := string(r.Key)
+		mu.Lock()
+		running[k]++
+		if running[k] > 1 {
+			t.Errorf("key %s: %d records at once", k, running[k])
+		}
+		if off, ok := last[k]; ok && r.Offset < off {
+			t.Errorf("key %s: offset %d after %d", k, r.Offset, off)
+		}
+		last[k] = r.Offset
+		mu.Unlock()
+		time.Sleep(100 * time.Microsecond) // some overlap between keys
+		mu.Lock()
+		running[k]--
+		mu.Unlock()
+		l.success(r)
+		return nil
+	}), append(shareOpts(c, "sg", topic), Concurrency(16))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, l.done, 20*time.Second, "every record handled")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestShareBatchHandlerGetsOneKeyPerBatch: NewBatch works in share mode; in
+// ByKey mode a batch holds records of one key, in offset order.
+func TestShareBatchHandlerGetsOneKeyPerBatch(t *testing.T) {
+	const topic, n, keys = "share-batch", 200, 4
+	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
+	produce(t, c, topic, n, keys)
+
+	l := newLedger(n)
+	var batches, multi atomic.Int64
+	cons, err := NewBatch(BatchHandlerFunc(func(_ context.Context, rs []*kgo.Record) error {
+		batches.Add(1)
+		if len(rs) > 1 {
+			multi.Add(1)
+		}
+		for i, r := range rs {
+			if string(r.Key) != string(rs[0].Key) || (i > 0 && r.Offset <= rs[i-1].Offset) {
+				t.Errorf("batch %v: records of several keys, or out of order", rs)
+			}
+			l.success(r)
+		}
+		return nil
+	}), append(shareOpts(c, "sg", topic), Concurrency(2), BatchSize(10))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, l.done, 20*time.Second, "every record handled")
+	st := awaitShareStats(t, cons, 10*time.Second, "all accepted", func(s ShareStats) bool { return s.Accepted == n })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if multi.Load() == 0 {
+		t.Errorf("%d batches, none with more than one record", batches.Load())
+	}
+	t.Logf("%d batches for %d records; stats %+v", batches.Load(), n, st)
+}
