@@ -546,3 +546,45 @@ func TestShareBatchHandlerGetsOneKeyPerBatch(t *testing.T) {
 	}
 	t.Logf("%d batches for %d records; stats %+v", batches.Load(), n, st)
 }
+
+// TestShareShutdownFinishesRecordsOnTheirLastDelivery: at shutdown records
+// on their last delivery are not released (the broker would archive them
+// unseen) but run, within ShutdownTimeout.
+func TestShareShutdownFinishesRecordsOnTheirLastDelivery(t *testing.T) {
+	const topic, n = "share-last-stop", 3
+	c := newShareCluster(t, topic, 1, 30*time.Second, map[string]string{"group.share.delivery.count.limit": "2"})
+	produce(t, c, topic, n, 1) // one key: one record runs at a time
+	released := 0
+	rawShareRecords(t, c, "sg", topic, func(*kgo.Record) (kgo.AckStatus, bool) {
+		released++
+		return kgo.AckRelease, released < n
+	})
+
+	started := make(chan struct{})
+	proceed := make(chan struct{})
+	var handled atomic.Int64
+	cons, err := New(HandlerFunc(func(context.Context, *kgo.Record) error {
+		if handled.Load() == 0 {
+			close(started)
+			<-proceed
+		}
+		handled.Add(1)
+		return nil
+	}), append(shareOpts(c, "sg", topic), Concurrency(2))...) // a poll of 4 takes all 3
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx) }()
+	waitFor(t, started, 20*time.Second, "the first record to start")
+	cancel()
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st, _ := cons.ShareStats()
+	if handled.Load() != n || st.Accepted != n || st.Released != 0 || st.MaxDeliveryCount != 2 {
+		t.Fatalf("handled %d, stats %+v: want all %d records on their last delivery handled and accepted, none released", handled.Load(), st, n)
+	}
+}
