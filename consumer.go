@@ -40,8 +40,9 @@ func (f BatchHandlerFunc) HandleBatch(ctx context.Context, rs []*kgo.Record) err
 
 // Consumer consumes topics as one member of a consumer group, handling many
 // records of each partition at once and committing only offsets below which
-// every record is finished. Create it with New or NewBatch, start it with
-// Run, stop it by cancelling Run's context or with Close.
+// every record is finished; or, with ShareGroup, as a member of a share
+// group, acknowledging each record. Create it with New or NewBatch, start
+// it with Run, stop it by cancelling Run's context or with Close.
 type Consumer struct {
 	cfg     cfg
 	handler Handler
@@ -98,7 +99,9 @@ func newConsumer(h Handler, bh BatchHandler, opts []ConsumerOpt) (*Consumer, err
 // (unless it returns ErrShutdownTimeout).
 //
 // A Consumer runs once at a time: a concurrent Run returns ErrRunning. After
-// Run returns, Run may be called again to rejoin the group.
+// Run returns, Run may be called again to rejoin the group. With ShareGroup
+// there is nothing to commit: see ShareGroup for what Run acknowledges and
+// releases on the way out.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
