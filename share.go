@@ -59,10 +59,10 @@ import (
 //
 // franz-go accepts, at the next poll, every record of a poll that has no
 // final acknowledgement yet; kpar therefore polls again only when every
-// record of the last poll (up to twice Concurrency records, times BatchSize
-// with NewBatch) is acknowledged. A
-// record waiting for its retry holds back this member's next poll, not
-// the group's: other members go on.
+// record of the last poll (up to twice Concurrency records, times
+// BatchSize with NewBatch) is acknowledged. A record waiting for its retry
+// holds back this member's next poll, not the group's: other members go
+// on.
 //
 // A share group reads from the newest record unless its
 // share.auto.offset.reset says otherwise; when that config is not set,
@@ -149,13 +149,12 @@ func (c *cfg) validateShare() error {
 // history in the engine's shape, so the engine's per-record helpers serve
 // it. Its other fields are guarded by shareRun.mu.
 type shareRec struct {
-	t        task
-	lane     *shareLane // ByKey with a key; nil otherwise
-	active   bool       // counted in lane.active: ready, running, retrying or in the sink
-	last     bool       // on its last delivery: never released
-	renewAt  time.Time  // when the acquisition lock is renewed next
-	lockLen  time.Duration
-	retrying bool
+	t       task
+	lane    *shareLane // ByKey with a key; nil otherwise
+	active  bool       // counted in lane.active: ready, running, retrying or in the sink
+	last    bool       // on its last delivery: never released
+	renewAt time.Time  // when the acquisition lock is renewed next
+	lockLen time.Duration
 }
 
 // shareLane is one key's queue in ByKey mode: at most one of its records
