@@ -25,7 +25,10 @@ address until SIGINT or SIGTERM. Topics are created on first use. Without
 topics, records and committed group offsets survive a restart, also after a
 kill -9 (not a power loss: nothing is fsynced per write). Share groups
 (KIP-932) work too: a consumer's acquisition lock lasts --share-lock-duration
-and the broker archives a record after --share-delivery-limit deliveries.`, stderr)
+and the broker archives a record after --share-delivery-limit deliveries. As
+in Kafka, a share group starts at the newest record unless the group's
+share.auto.offset.reset is earliest; kpar forward --share-group sets that on
+a group that has none.`, stderr)
 	listen := fs.String("listen", "127.0.0.1:9092", "loopback `host:port` to listen on; port 0 picks a free port")
 	partitions := fs.Int("partitions", 8, "partitions of each auto-created topic")
 	dataDir := fs.String("data-dir", "", "keep topics, records and group offsets in `DIR` across restarts (default in memory)")
