@@ -347,6 +347,9 @@ type readiness struct {
 	group    string
 	assigned map[string]map[int32]struct{}
 	reason   string // why not ready, when !joined
+	// share, set by ShareCollector, reports a share-group member, which
+	// has no assignment for the hooks to follow (share.go).
+	share func() (kpar.ShareStats, bool)
 }
 
 func (r *readiness) joining(group string) {
@@ -410,6 +413,14 @@ func (r *readiness) stopped() {
 // "group error: ...", "consumer stopped".
 func (m *Metrics) Ready() (bool, string) {
 	r := &m.ready
+	r.mu.Lock()
+	share := r.share
+	r.mu.Unlock()
+	if share != nil {
+		if st, ok := share(); ok {
+			return shareReady(st)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.joined {

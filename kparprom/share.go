@@ -1,6 +1,8 @@
 package kparprom
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kpar/kpar"
@@ -20,10 +22,15 @@ import (
 //	<ns>_share_acknowledgements_total{kind} accept (handled), dead_letter (accepted after the sink), release, renew
 //	<ns>_share_ack_errors_total             partitions whose acknowledgements failed
 //
-// Register it instead of PartitionCollector for a Consumer with
-// kpar.ShareGroup, which has no partition windows. The hook metrics
-// (handled, failed, dead-lettered, latency) work in both modes.
+// Register it beside (or instead of) PartitionCollector for a Consumer
+// with kpar.ShareGroup, which has no partition windows. The hook metrics
+// (handled, failed, dead-lettered, latency) work in both modes. From then
+// on Ready (and <ns>_ready) follow stats for a share-group member, which
+// has no assignment for the hooks to report: ready while it runs.
 func (m *Metrics) ShareCollector(stats func() (kpar.ShareStats, bool)) prometheus.Collector {
+	m.ready.mu.Lock()
+	m.ready.share = stats
+	m.ready.mu.Unlock()
 	ns := m.cfg.namespace
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "share", name), help, labels, nil)
@@ -77,4 +84,12 @@ func (c *shareCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.acks, st.Released, "release")
 	counter(c.acks, st.Renewed, "renew")
 	counter(c.ackErrors, st.AckErrors)
+}
+
+// shareReady is Ready for a share-group member.
+func shareReady(st kpar.ShareStats) (bool, string) {
+	if !st.Running {
+		return false, "share group " + st.Group + ": consumer not running"
+	}
+	return true, fmt.Sprintf("share group %s: %d records acquired, %d in flight", st.Group, st.Acquired, st.InFlight)
 }

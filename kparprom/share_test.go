@@ -37,7 +37,17 @@ kpar_share_max_delivery_count 2
 		"kpar_share_acknowledgements_total", "kpar_share_acquired_records", "kpar_share_max_delivery_count"); err != nil {
 		t.Fatal(err)
 	}
+	if ok, why := m.Ready(); !ok || why != "share group g: 7 records acquired, 3 in flight" {
+		t.Errorf("Ready() = %v %q, want the share member ready", ok, why)
+	}
+	st.Running = false
+	if ok, why := m.Ready(); ok || why != "share group g: consumer not running" {
+		t.Errorf("Ready() = %v %q after the run, want not ready", ok, why)
+	}
 	share = false
+	if ok, why := m.Ready(); ok || why != "consumer not started" {
+		t.Errorf("Ready() = %v %q without a share group, want the hooks' readiness", ok, why)
+	}
 	if n := testutil.CollectAndCount(c); n != 0 {
 		t.Fatalf("%d metrics for a consumer without ShareGroup, want 0", n)
 	}

@@ -42,8 +42,8 @@ const statusRefresh = time.Second
 //	GET /api/status  the page's data as JSON
 //	GET /healthz     200 while the process serves
 //	GET /readyz      200 while c is a member of its group, with partitions
-//	                 or idle; 503 otherwise (see kparprom.Metrics.Ready); for
-//	                 a share-group member, 200 while it runs (see ready)
+//	                 or idle (a share-group member: while it runs); 503
+//	                 otherwise (see kparprom.Metrics.Ready)
 //
 // An address with an empty host (":9464") is rejected, since it would
 // listen on every interface: a non-loopback address must be named.
@@ -127,7 +127,7 @@ func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, g prometheus.Gatherer)
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		ok, why := ready(c, m)
+		ok, why := m.Ready()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -137,20 +137,6 @@ func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, g prometheus.Gatherer)
 		fmt.Fprintf(w, "ready: %s\n", why)
 	})
 	return mux
-}
-
-// ready is /readyz's answer. A share-group member has no assignment the
-// hooks could report (the broker hands it records of every partition): it
-// is ready while it runs, from the moment its client reached the brokers.
-func ready(c *kpar.Consumer, m *kparprom.Metrics) (bool, string) {
-	st, share := c.ShareStats()
-	switch {
-	case !share:
-		return m.Ready()
-	case !st.Running:
-		return false, "share group " + st.Group + ": consumer not running"
-	}
-	return true, fmt.Sprintf("share group %s: %d records acquired, %d in flight", st.Group, st.Acquired, st.InFlight)
 }
 
 // statusResponse is the JSON of /api/status.
@@ -207,7 +193,7 @@ type partitionStatus struct {
 }
 
 func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusResponse {
-	ok, why := ready(c, m)
+	ok, why := m.Ready()
 	resp := statusResponse{
 		Time:             time.Now().UTC(),
 		Ready:            ok,

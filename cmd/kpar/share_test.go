@@ -300,6 +300,7 @@ func TestServeStatusOfAShareGroupMember(t *testing.T) {
 		`kpar_share_acknowledgements_total{kind="accept"} 30`,
 		`kpar_share_acquired_records 0`,
 		`kpar_records_handled_total{topic="t"} 30`,
+		`kpar_ready 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("GET /metrics lacks %q", want)
