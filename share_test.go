@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -587,4 +589,122 @@ func TestShareShutdownFinishesRecordsOnTheirLastDelivery(t *testing.T) {
 	if handled.Load() != n || st.Accepted != n || st.Released != 0 || st.MaxDeliveryCount != 2 {
 		t.Fatalf("handled %d, stats %+v: want all %d records on their last delivery handled and accepted, none released", handled.Load(), st, n)
 	}
+}
+
+// newBareShareRun is a share runner with workers but no share consumer: a
+// plain client (made outside any synctest bubble) stands in, on which
+// acknowledgements are no-ops. push feeds it records as a poll would.
+func newBareShareRun(t *testing.T, h Handler, opts ...ConsumerOpt) (*shareRun, *kgo.Client) {
+	t.Helper()
+	cons, err := New(h, append([]ConsumerOpt{Brokers("127.0.0.1:1"), Topics("t"), ShareGroup("sg"),
+		WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return newShareRun(cons), cl
+}
+
+func fetchesOf(recs ...*kgo.Record) kgo.Fetches {
+	return kgo.Fetches{{Topics: []kgo.FetchTopic{{Topic: "t", Partitions: []kgo.FetchPartition{{Partition: 0, Records: recs}}}}}}
+}
+
+// startWorkers runs s's workers until the returned function stops them.
+func startWorkers(s *shareRun) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range s.cfg.concurrency {
+		wg.Go(func() { s.worker(ctx, i) })
+	}
+	return func() {
+		s.mu.Lock()
+		s.stop = true
+		for _, tm := range s.timers {
+			tm.Stop()
+		}
+		s.cond.Broadcast()
+		s.mu.Unlock()
+		cancel()
+		wg.Wait()
+	}
+}
+
+// TestShareRetryWaitsItsBackoffWhileHeld, in virtual time: a failed record
+// stays held (not released) for its backoff, the next record of its key
+// waits behind it, and both are accepted once it succeeds.
+func TestShareRetryWaitsItsBackoffWhileHeld(t *testing.T) {
+	var mu sync.Mutex
+	attempts := map[int64]int{}
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts[r.Offset]++
+		if r.Offset == 0 && attempts[0] == 1 {
+			return RetryAfter(errors.New("busy"), 2*time.Second)
+		}
+		return nil
+	})
+	s, cl := newBareShareRun(t, h, Concurrency(2))
+	synctest.Test(t, func(t *testing.T) {
+		s.cl = cl
+		stop := startWorkers(s)
+		defer stop()
+		s.push(fetchesOf(&kgo.Record{Topic: "t", Key: []byte("k"), Offset: 0}, &kgo.Record{Topic: "t", Key: []byte("k"), Offset: 1}))
+		synctest.Wait()
+		check := func(when string, a0, a1, acquired, retrying int, accepted int64) {
+			t.Helper()
+			mu.Lock()
+			got0, got1 := attempts[0], attempts[1]
+			mu.Unlock()
+			st := s.snapshot()
+			if got0 != a0 || got1 != a1 || st.Acquired != acquired || st.Retrying != retrying || st.Accepted != accepted || st.Released != 0 {
+				t.Fatalf("%s: attempts %d, %d; stats %+v; want attempts %d, %d, %d acquired, %d retrying, %d accepted, none released",
+					when, got0, got1, st, a0, a1, acquired, retrying, accepted)
+			}
+		}
+		check("after the first attempt", 1, 0, 2, 1, 0)
+		time.Sleep(2*time.Second - time.Millisecond)
+		synctest.Wait()
+		check("just before the backoff ends", 1, 0, 2, 1, 0)
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		check("after the backoff", 2, 1, 0, 0, 2)
+	})
+}
+
+// TestShareShutdownReleasesRetriesAndQueuedRecords, in virtual time: at
+// shutdown a record waiting for its retry and the record queued behind it
+// are released at once, and nothing runs afterwards.
+func TestShareShutdownReleasesRetriesAndQueuedRecords(t *testing.T) {
+	var runs atomic.Int64
+	h := HandlerFunc(func(context.Context, *kgo.Record) error {
+		runs.Add(1)
+		return RetryAfter(errors.New("busy"), time.Minute)
+	})
+	s, cl := newBareShareRun(t, h, Concurrency(2))
+	synctest.Test(t, func(t *testing.T) {
+		s.cl = cl
+		stop := startWorkers(s)
+		defer stop()
+		s.push(fetchesOf(&kgo.Record{Topic: "t", Key: []byte("k"), Offset: 0}, &kgo.Record{Topic: "t", Key: []byte("k"), Offset: 1}))
+		synctest.Wait()
+		s.mu.Lock()
+		s.closing = true
+		release := s.unstartedLocked()
+		s.mu.Unlock()
+		s.settle(release, kgo.AckRelease)
+		st := s.snapshot()
+		if len(release) != 2 || st.Released != 2 || st.Acquired != 0 || st.Retrying != 0 {
+			t.Fatalf("released %d, stats %+v: want both records released, nothing held", len(release), st)
+		}
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("%d handler runs, want 1: a released record must not run again", n)
+		}
+	})
 }
