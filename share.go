@@ -40,12 +40,13 @@ import (
 //     first and ACCEPTed only once the sink acknowledged it; while the sink
 //     fails the record stays acquired and unacknowledged. A record on its
 //     last delivery (the broker's group.share.delivery.count.limit) is
-//     treated alike: kpar never RELEASEs it, which would make the broker
-//     archive it unseen. Without a sink, a record is retried until it
+//     treated alike. Without a sink, a record is retried until it
 //     succeeds.
-//   - shutdown: records not started are RELEASEd for other members (but
-//     those on their last delivery, which are finished); running ones
-//     finish within ShutdownTimeout, then what is left is RELEASEd.
+//   - shutdown: records not started are RELEASEd for other members, but
+//     those on their last delivery, which a RELEASE would make the broker
+//     archive unseen: they are run. Running records finish within
+//     ShutdownTimeout; what is left then is RELEASEd (a record on its last
+//     delivery among them is archived by the broker, and kpar logs it).
 //
 // Share groups order nothing. ByKey (the default) means at most one record
 // per key (and topic) at a time within this Consumer: records of one key
