@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/internal/progress"
 	"github.com/kpar/kpar/internal/window"
 )
@@ -491,7 +490,7 @@ func newBackfill(c *cfg, h Handler, topic, file string, state *progress.State) *
 		deadWake: make(chan struct{}, 1),
 		allDone:  make(chan struct{}),
 	}
-	b.eng = &engine{cfg: c, hooks: &b.hooks, log: c.logger, epoch: time.Now()}
+	b.eng = &engine{cfg: c, hooks: &b.hooks, log: c.logger}
 	b.cond.L = &b.mu
 	for _, s := range state.Slices {
 		b.alreadyDone += s.Done - s.From
@@ -746,30 +745,19 @@ func (b *backfill) worker(ctx context.Context) {
 // backoff cap: it is never skipped.
 func (b *backfill) failedAttempt(rec *bfRecord, err error, timedOut bool, backoff time.Duration, now time.Time) {
 	it := &rec.t.Value
-	x := it.ext()
-	if x.firstFailure.IsZero() {
-		x.firstFailure = now
-	}
-	x.lastFailure, x.lastErr = now, err
-	x.class = classify(err, timedOut)
-	exhausted := x.class == deadletter.ClassPermanent || it.attempts >= b.cfg.maxAttempts
+	noteFailure(it, err, timedOut, now)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch {
-	case !exhausted:
+	switch b.cfg.nextStep(it, b.log) {
+	case stepRetry:
 		b.retryLocked(rec, backoff)
-	case b.cfg.deadLetters != nil:
+	case stepDeadLetter: // stepRetryTopic cannot happen: Backfill rejects RetryTopics
 		b.dead = append(b.dead, rec)
 		select {
 		case b.deadWake <- struct{}{}:
 		default:
 		}
 	default:
-		if !x.warnedNoSink {
-			x.warnedNoSink = true
-			b.log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
-				"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "class", x.class, "err", err)
-		}
 		b.retryLocked(rec, b.cfg.retryMax)
 	}
 }
@@ -856,22 +844,8 @@ func (b *backfill) deadLetterWriter(ctx context.Context) {
 			for i, rec := range batch {
 				ts[i] = &rec.t
 			}
-			for attempt := 1; ; attempt++ {
-				err := b.eng.writeDeadLetters(ctx, ts)
-				if err == nil {
-					break
-				}
-				wait := b.eng.sinkBackoff(attempt)
-				b.log.Error("kpar: writing failed records to the dead-letter sink failed; their slice's progress holds until it succeeds",
-					"records", len(ts), "attempt", attempt, "retry_in", wait, "err", err)
-				for _, h := range b.hooks.deadLetterFailed {
-					h.OnDeadLetterFailed(len(ts), err)
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(wait):
-				}
+			if !b.eng.deadLetterUntilAcked(ctx, ts, "their slice's progress holds until it succeeds") {
+				return
 			}
 			for _, rec := range batch {
 				b.finish(rec, true)

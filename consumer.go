@@ -40,8 +40,9 @@ func (f BatchHandlerFunc) HandleBatch(ctx context.Context, rs []*kgo.Record) err
 
 // Consumer consumes topics as one member of a consumer group, handling many
 // records of each partition at once and committing only offsets below which
-// every record is finished. Create it with New or NewBatch, start it with
-// Run, stop it by cancelling Run's context or with Close.
+// every record is finished; or, with ShareGroup, as a member of a share
+// group, acknowledging each record. Create it with New or NewBatch, start
+// it with Run, stop it by cancelling Run's context or with Close.
 type Consumer struct {
 	cfg     cfg
 	handler Handler
@@ -55,6 +56,7 @@ type Consumer struct {
 	cancel context.CancelFunc // cancels the current Run
 	done   chan struct{}      // closed when the current Run returns
 	eng    *engine            // the current Run's engine, for Partitions
+	share  *shareRun          // the current Run with ShareGroup, for ShareStats
 }
 
 // New returns a Consumer that hands each record to h. It validates the
@@ -97,7 +99,9 @@ func newConsumer(h Handler, bh BatchHandler, opts []ConsumerOpt) (*Consumer, err
 // (unless it returns ErrShutdownTimeout).
 //
 // A Consumer runs once at a time: a concurrent Run returns ErrRunning. After
-// Run returns, Run may be called again to rejoin the group.
+// Run returns, Run may be called again to rejoin the group. With ShareGroup
+// there is nothing to commit: see ShareGroup for what Run acknowledges and
+// releases on the way out.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -113,6 +117,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
+	if c.cfg.shareGroup != "" {
+		s := newShareRun(c)
+		c.cancel, c.done, c.share = cancel, done, s
+		c.mu.Unlock()
+		return s.run(ctx)
+	}
 	e := newEngine(c)
 	c.cancel, c.done, c.eng = cancel, done, e
 	c.mu.Unlock()
@@ -152,9 +162,12 @@ func (c *Consumer) Overdue() int {
 // when not running.
 func (c *Consumer) ConcurrencyLimit() int {
 	c.mu.Lock()
-	e := c.eng
+	e, share := c.eng, c.share
 	c.mu.Unlock()
 	if e == nil {
+		if share != nil {
+			return c.cfg.concurrency
+		}
 		return 0
 	}
 	e.mu.Lock()

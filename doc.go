@@ -50,6 +50,18 @@
 // and per record key. Records waiting for any of these stay in their window
 // and burn no attempt, and fetching pauses as the windows fill.
 //
+// # Share groups and range reads
+//
+// Two more sources feed the same handler, retries and dead-letter sinks.
+// With ShareGroup a Consumer is a member of a Kafka share group (KIP-932):
+// the broker hands every partition's records to every member and tracks
+// each record, and kpar acknowledges each outcome (ACCEPT once handled or
+// once the sink took its dead letter; retries stay local, with the lock
+// renewed; RELEASE at shutdown for what did not start). There are no
+// windows or commits then, and no order across members. Backfill reads a
+// fixed offset or time range with several assigned readers per partition,
+// no group, keeping its progress per slice.
+//
 // # Options
 //
 // Options are checked at compile time where they apply: an Opt goes

@@ -28,7 +28,6 @@ type engine struct {
 	log        *slog.Logger
 	seed       maphash.Seed
 	stuckAfter time.Duration
-	epoch      time.Time // origin of the dispatch times in item
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
 	stashes []stash      // each worker's taken records not started yet (worker.go)
@@ -95,7 +94,6 @@ func newEngine(c *Consumer) *engine {
 		hooks:   &c.hooks,
 		log:     c.cfg.logger,
 		seed:    maphash.MakeSeed(),
-		epoch:   time.Now(),
 		parts:   make(map[tp]*partState),
 		timers:  make(map[*task]*time.Timer),
 		space:   make(chan struct{}, 1),

@@ -269,3 +269,42 @@ func ExampleDeadLetters() {
 	})
 	// Output: order-3 at orders/2: permanent: order-3: malformed (1 attempt)
 }
+
+// With ShareGroup the broker hands the records of every partition to every
+// member of the group (KIP-932): members are not limited by the partition
+// count. The handler, retries and dead letters are the Consumer's; each
+// outcome becomes an acknowledgement.
+func ExampleShareGroup() {
+	cluster := exampleCluster(100, "orders")
+	defer cluster.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var handled, failedOnce atomic.Int64
+	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		// A failure is retried here with backoff while this member
+		// holds the record; the broker does not redeliver it.
+		if r.Offset == 3 && failedOnce.Add(1) == 1 {
+			return fmt.Errorf("downstream timeout")
+		}
+		if handled.Add(1) == 100 {
+			cancel()
+		}
+		return nil // ACCEPT
+	}),
+		kpar.Brokers(cluster.ListenAddrs()...),
+		kpar.ShareGroup("billing-workers"), // instead of Group
+		kpar.Topics("orders"),
+		kpar.Ordering(kpar.Unordered), // share groups order nothing; ByKey: one per key in this process
+		kpar.RetryBackoff(time.Millisecond, 10*time.Millisecond),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+	st, _ := c.ShareStats()
+	fmt.Println("handled", handled.Load(), "accepted", st.Accepted, "redelivered", st.Redelivered)
+	// Output: handled 100 accepted 100 redelivered 0
+}

@@ -3,6 +3,7 @@ package kpar
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -23,19 +24,64 @@ func classify(err error, timedOut bool) deadletter.Class {
 	return deadletter.ClassExhausted
 }
 
-// fail handles a failed attempt: retry locally after backoff, or, once the
-// attempts are used up (or at once for Permanent), hand the record to the
-// exile writer: the next retry topic, else the dead-letter sink. Without
-// either the record is retried at the backoff cap: it is never skipped.
-// Called with mu held.
-func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
-	it := &t.Value
+// failStep is where a failed attempt sends its record; see nextStep.
+type failStep uint8
+
+const (
+	stepRetry       failStep = iota // another local attempt after the backoff
+	stepRetryTopic                  // the next retry topic
+	stepDeadLetter                  // the dead-letter sink
+	stepRetryCapped                 // no sink: retried at the backoff cap until it succeeds
+)
+
+// noteFailure records a failed attempt in the record's failure history
+// and returns that history. Every consuming mode (engine, backfill, share
+// group) calls it first.
+func noteFailure(it *item, err error, timedOut bool, now time.Time) *extra {
 	x := it.ext()
 	if x.firstFailure.IsZero() {
 		x.firstFailure = now
 	}
 	x.lastFailure, x.lastErr = now, err
 	x.class = classify(err, timedOut)
+	return x
+}
+
+// nextStep decides where a record goes after a failed attempt noted by
+// noteFailure: another local attempt while MaxAttempts allows (one per
+// retry-topic level), then the next retry topic, then the dead-letter sink;
+// a Permanent error skips both retries. Without a sink the record is
+// retried at the backoff cap, with one error logged: it is never skipped.
+// It is the failure policy of every consuming mode.
+func (c *cfg) nextStep(it *item, log *slog.Logger) failStep {
+	x := it.x
+	allowed := c.maxAttempts
+	if it.level() > 0 {
+		allowed = 1 // each retry topic is itself a delayed retry
+	}
+	switch {
+	case x.class != deadletter.ClassPermanent && it.attempts < allowed:
+		return stepRetry
+	case x.class != deadletter.ClassPermanent && x.level < len(c.retryTopics):
+		return stepRetryTopic
+	case c.deadLetters != nil:
+		return stepDeadLetter
+	}
+	if !x.warnedNoSink {
+		x.warnedNoSink = true
+		log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
+			"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "class", x.class, "err", x.lastErr)
+	}
+	return stepRetryCapped
+}
+
+// fail handles a failed attempt: retry locally after backoff, or, once the
+// attempts are used up (or at once for Permanent), hand the record to the
+// exile writer: the next retry topic, else the dead-letter sink (see
+// nextStep). Called with mu held.
+func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
+	it := &t.Value
+	x := noteFailure(it, err, timedOut, now)
 	if IsOverloaded(err) && x.class != deadletter.ClassPermanent {
 		// The downstream pushed back: the adaptive limit (or, without it,
 		// the overload breaker) paces the retries, and the attempt does
@@ -45,32 +91,14 @@ func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, 
 		e.retryLater(t, backoff)
 		return
 	}
-	if x.class != deadletter.ClassPermanent && it.attempts < e.attemptsAllowed(it) {
+	switch e.cfg.nextStep(it, e.log) {
+	case stepRetry:
 		e.retryLater(t, backoff)
-		return
-	}
-	switch {
-	case x.class != deadletter.ClassPermanent && x.level < len(e.cfg.retryTopics):
+	case stepRetryTopic, stepDeadLetter:
 		e.exile(t)
-	case e.cfg.deadLetters != nil:
-		e.exile(t)
-	default:
-		if !x.warnedNoSink {
-			x.warnedNoSink = true
-			e.log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
-				"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "class", x.class, "err", err)
-		}
+	case stepRetryCapped:
 		e.retryLater(t, e.cfg.retryMax)
 	}
-}
-
-// attemptsAllowed is MaxAttempts on the original topic and one attempt per
-// retry topic: each retry topic is itself a delayed retry.
-func (e *engine) attemptsAllowed(it *item) int {
-	if it.level() > 0 {
-		return 1
-	}
-	return e.cfg.maxAttempts
 }
 
 // exile queues a record for the exile writer. The record keeps its lane
@@ -158,6 +186,30 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	return true
 }
 
+// deadLetterUntilAcked writes ts to the dead-letter sink, retrying a
+// failed write with sinkBackoff until the sink acknowledges it (true) or
+// ctx ends (false). holds says, for the error log, what waits meanwhile.
+// Backfill and the share-group runner write their dead letters with it.
+func (e *engine) deadLetterUntilAcked(ctx context.Context, ts []*task, holds string) bool {
+	for attempt := 1; ; attempt++ {
+		err := e.writeDeadLetters(ctx, ts)
+		if err == nil {
+			return true
+		}
+		wait := e.sinkBackoff(attempt)
+		e.log.Error("kpar: writing failed records to the dead-letter sink failed; "+holds,
+			"records", len(ts), "attempt", attempt, "retry_in", wait, "err", err)
+		for _, h := range e.hooks.deadLetterFailed {
+			h.OnDeadLetterFailed(len(ts), err)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
+}
+
 // sinkBackoff spaces out writes to a failing retry topic or sink: full
 // jitter over 100ms doubling up to RetryBackoff's cap (at least 1s).
 func (e *engine) sinkBackoff(attempt int) time.Duration {
@@ -182,7 +234,7 @@ func (e *engine) letter(t *task) deadletter.Letter {
 	}
 	return deadletter.Letter{
 		Record:       it.original(),
-		Group:        e.cfg.group,
+		Group:        e.cfg.letterGroup(),
 		Class:        x.class,
 		Message:      msg,
 		Attempts:     it.totalAttempts(),

@@ -99,6 +99,7 @@ type cfg struct {
 	brokers    []string
 	clientOpts []kgo.Opt
 	group      string
+	shareGroup string // ShareGroup (share.go): replaces group
 	topics     []string
 	regex      bool
 
@@ -365,11 +366,16 @@ func (c *cfg) validate() error {
 	if !c.backfill && (c.readers != 1 || c.progressFile != "") {
 		return fmt.Errorf("kpar: Readers and ProgressFile apply to Backfill only")
 	}
+	if c.shareGroup != "" {
+		if err := c.validateShare(); err != nil {
+			return err
+		}
+	}
 	switch {
 	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
 		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
-	case c.group == "":
-		return fmt.Errorf("kpar: no group: set Group(name)")
+	case c.group == "" && c.shareGroup == "":
+		return fmt.Errorf("kpar: no group: set Group(name), or ShareGroup(name) for a share group")
 	case len(c.topics) == 0:
 		return fmt.Errorf("kpar: no topics: set Topics(names...)")
 	case c.concurrency < 1 || c.concurrency > 1<<16:
@@ -445,6 +451,9 @@ func (c *cfg) validateClientOpts() error {
 	defer cl.Close()
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
 		return fmt.Errorf("kpar: ClientOptions sets kgo.ConsumerGroup: use kpar.Group instead")
+	}
+	if g, _ := cl.OptValue(kgo.ShareGroup).(string); g != "" {
+		return fmt.Errorf("kpar: ClientOptions sets kgo.ShareGroup: use kpar.ShareGroup instead")
 	}
 	if ts, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(ts) > 0 {
 		return fmt.Errorf("kpar: ClientOptions sets kgo.ConsumeTopics: use kpar.Topics instead")

@@ -58,7 +58,7 @@ func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
 	if over || e.brk.Watching() {
 		now = time.Now()
 	}
-	if e.brk.Done(now, e.epoch.Add(t.Value.started), over) {
+	if e.brk.Done(now, epoch.Add(t.Value.started), over) {
 		e.over.probing.Store(e.brk.Open())
 		e.wake(1) // closed again, or a new pause: a worker re-reads the gate
 	}

@@ -11,6 +11,10 @@ import (
 )
 
 // item is a scheduled record with its bookkeeping.
+// epoch is the origin of the dispatch times in item: one for the process,
+// so that every engine (the consumer's, backfill's, share's) has it.
+var epoch = time.Now()
+
 type item struct {
 	rec      *kgo.Record
 	part     *partState
@@ -18,7 +22,7 @@ type item struct {
 	size     int64
 	lane     uint64 // key mode: the key's hash, computed outside the lock
 	attempts int
-	// Dispatch times as durations since engine.epoch (monotonic), half
+	// Dispatch times as durations since epoch (monotonic), half
 	// the size of two time.Times in the struct every record has.
 	first   time.Duration // first dispatch, for latency
 	started time.Duration // this attempt's dispatch, for the adaptive limit

@@ -367,7 +367,7 @@ func isLaned(o Order, t *task) bool {
 func (e *engine) dispatched(t *task, now time.Time) {
 	it := &t.Value
 	it.attempts++
-	it.started = now.Sub(e.epoch)
+	it.started = now.Sub(epoch)
 	if it.attempts == 1 {
 		it.first = it.started
 	}
@@ -403,7 +403,7 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	if err == nil {
 		e.recovered()
 		if len(e.hooks.done) > 0 {
-			lat := time.Since(e.epoch) - it.first
+			lat := time.Since(epoch) - it.first
 			for _, h := range e.hooks.done {
 				h.OnRecordDone(it.original(), it.totalAttempts(), lat)
 			}
@@ -447,7 +447,7 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 	e.active--
 	if e.lim != nil {
 		end := time.Now()
-		e.lim.Done(end, end.Sub(e.epoch)-t.Value.started, timedOut || IsOverloaded(err))
+		e.lim.Done(end, end.Sub(epoch)-t.Value.started, timedOut || IsOverloaded(err))
 		e.wake(1) // the limit may have room again
 	}
 	e.breakerDone(t, err, timedOut, now)

@@ -222,7 +222,6 @@ func TestForwardTLSConfigTrustsAPrivateCA(t *testing.T) {
 	}
 }
 
-
 func TestForwardResponseClassification(t *testing.T) {
 	type outcome int
 	const (

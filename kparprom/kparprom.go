@@ -353,6 +353,9 @@ type readiness struct {
 	assigned map[string]map[int32]struct{}
 	reason   string           // why not ready, when !joined
 	gone     map[string]error // consumed topics the broker no longer has
+	// share, set by ShareCollector, reports a share-group member, which
+	// has no assignment for the hooks to follow (share.go).
+	share func() (kpar.ShareStats, bool)
 }
 
 func (r *readiness) topicGone(topic string, err error) {
@@ -429,6 +432,14 @@ func (r *readiness) stopped() {
 // "group error: ...", "consumer stopped", "topic t is gone from the broker ...".
 func (m *Metrics) Ready() (bool, string) {
 	r := &m.ready
+	r.mu.Lock()
+	share := r.share
+	r.mu.Unlock()
+	if share != nil {
+		if st, ok := share(); ok {
+			return shareReady(st)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.joined {

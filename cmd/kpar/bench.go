@@ -44,17 +44,22 @@ shared machine mean little.
 Contenders: raw (one franz-go poll loop), per-partition (one group member per
 partition, kpar.RunMembers), naive-pool (one poller, a worker pool, commits the
 highest finished offset), kpar-key, kpar-partition, kpar-unordered, and sarama
-in a binary built with -tags sarama (go build -tags sarama ./cmd/kpar).
+in a binary built with -tags sarama (go build -tags sarama ./cmd/kpar); and,
+in the share scenario only, kpar-share (kpar.ShareGroup), raw-share (a plain
+franz-go share consumer) and backfill-1/2/4 (kpar.Backfill with 1, 2 or 4
+readers).
 
 Scenarios: noop (no work), io (--latency sleep at --concurrency), keys (io in
 key mode with 10, 1,000 and 100,000 keys vs unordered), cpu (--cpu-work of CPU
 per record), memory (peak RSS over --backlogs, each run in a child process),
 pc-volume (the Java parallel consumer's volume test: 10,000 records, one
 partition, 0-5 ms random work, concurrency 100), crash (kill at a commit
-mid-run, restart: lost and duplicated records).`, stderr)
+mid-run, restart: lost and duplicated records), share (one partition, noop
+and --latency handlers: kpar-unordered, backfill-1/2/4, kpar-share and
+raw-share, each capped at --time-cap).`, stderr)
 	scenarios := fs.String("scenario", "all", "comma-separated `scenarios` to run: "+strings.Join(bench.Scenarios(), ", ")+", or all")
-	contenders := fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.Contenders(), ", ")+", or all")
-	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; batch 100000); 0 keeps the defaults")
+	contenders := fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.AllContenders(), ", ")+", or all")
+	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; batch 100000; share 100000); 0 keeps the defaults")
 	partitions := fs.Int("partitions", 8, "partitions of every topic but pc-volume's (always 1)")
 	valueBytes := fs.Int("value-bytes", 100, "value size of the noop, io, keys, cpu, pc-volume and crash records (memory's are 16 bytes)")
 	latency := fs.Duration("latency", 5*time.Millisecond, "handler latency of the io and keys scenarios (a sleep)")
@@ -95,7 +100,7 @@ mid-run, restart: lost and duplicated records).`, stderr)
 	if cfg.Scenarios, err = list(*scenarios, bench.Scenarios()); err != nil {
 		return fs.usageError("invalid --scenario %q: %v", *scenarios, err)
 	}
-	if cfg.Contenders, err = list(*contenders, bench.Contenders()); err != nil {
+	if cfg.Contenders, err = list(*contenders, bench.AllContenders()); err != nil {
 		return fs.usageError("invalid --contenders %q: %v", *contenders, err)
 	}
 	for _, s := range strings.Split(*backlogs, ",") {

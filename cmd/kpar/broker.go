@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -21,10 +23,17 @@ Runs a Kafka-compatible development broker (franz-go's kfake) on a loopback
 address until SIGINT or SIGTERM. Topics are created on first use. Without
 --data-dir everything is kept in memory and lost on exit. With --data-dir,
 topics, records and committed group offsets survive a restart, also after a
-kill -9 (not a power loss: nothing is fsynced per write).`, stderr)
+kill -9 (not a power loss: nothing is fsynced per write). Share groups
+(KIP-932) work too: a consumer's acquisition lock lasts --share-lock-duration
+and the broker archives a record after --share-delivery-limit deliveries. As
+in Kafka, a share group starts at the newest record unless the group's
+share.auto.offset.reset is earliest; kpar forward --share-group sets that on
+a group that has none.`, stderr)
 	listen := fs.String("listen", "127.0.0.1:9092", "loopback `host:port` to listen on; port 0 picks a free port")
 	partitions := fs.Int("partitions", 8, "partitions of each auto-created topic")
 	dataDir := fs.String("data-dir", "", "keep topics, records and group offsets in `DIR` across restarts (default in memory)")
+	lock := fs.Duration("share-lock-duration", 30*time.Second, "how long a share-group member holds a record it did not acknowledge (group.share.record.lock.duration.ms; at least 1s); short ones make tests fast")
+	deliveries := fs.Int("share-delivery-limit", 5, "deliveries of a share-group record before the broker archives it (group.share.delivery.count.limit, 2 to 10)")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -38,12 +47,27 @@ kill -9 (not a power loss: nothing is fsynced per write).`, stderr)
 	if *partitions < 1 {
 		return fs.usageError("invalid --partitions %d: must be at least 1", *partitions)
 	}
+	if *lock < time.Second || *lock > time.Hour {
+		return fs.usageError("invalid --share-lock-duration %v: want 1s to 1h (clients treat a shorter lock as 1s)", *lock)
+	}
+	if *deliveries < 2 || *deliveries > 10 {
+		return fs.usageError("invalid --share-delivery-limit %d: want 2 to 10, as Kafka allows", *deliveries)
+	}
 
 	c, err := embedded.Start(embedded.Config{
 		Addr:       addr,
 		Partitions: *partitions,
 		DataDir:    *dataDir,
-		Opts:       []kfake.Opt{kfake.WithLogger(kfake.BasicLogger(stderr, kfake.LogLevelWarn))},
+		Opts: []kfake.Opt{
+			kfake.WithLogger(kfake.BasicLogger(stderr, kfake.LogLevelWarn)),
+			kfake.BrokerConfigs(map[string]string{
+				"group.share.record.lock.duration.ms": strconv.FormatInt(lock.Milliseconds(), 10),
+				// Expired locks are found by a sweep: a tenth of the
+				// lock (kfake's default is 5s, longer than short locks).
+				"share.record.lock.sweep.interval.ms": strconv.FormatInt(max(lock.Milliseconds()/10, 100), 10),
+				"group.share.delivery.count.limit":    strconv.Itoa(*deliveries),
+			}),
+		},
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "kpar broker: %v\n", err)

@@ -45,10 +45,13 @@ const connectTimeout = 30 * time.Second
 // (brokers unreachable, authentication or TLS failing, a fatal client
 // error), and 2 for bad usage.
 func cmdForward(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("forward", ` --brokers LIST --group G --topic T [--topic T2...] --url URL
+	fs := newFlagSet("forward", ` --brokers LIST --group G|--share-group G --topic T [--topic T2...] --url URL
 
 Consumes the topics (or every topic matching --topic-regex) as a member of
-consumer group G with the kpar engine and POSTs every record to URL: body =
+consumer group G with the kpar engine, or of share group G (--share-group:
+KIP-932, Kafka 4.2+; the broker hands every member records of every
+partition, so members are not limited by the partition count; see below),
+and POSTs every record to URL: body =
 the value; headers Kpar-Topic, Kpar-Partition, Kpar-Offset, Kpar-Timestamp,
 Kpar-Key (base64; absent for a nil key), Kpar-Tombstone: true for a nil
 value (an empty body without it is an empty value), Kpar-Headers (every
@@ -75,9 +78,18 @@ flight), nothing is dead-lettered for it, and the log summarises it every
 are committed only below finished records; a new group starts at the
 oldest record. SIGINT or SIGTERM stops fetching, finishes the fetched
 records (at the rate limit, if any) for up to --shutdown-timeout, commits
-and exits 0.`, stderr)
+and exits 0.
+
+With --share-group, each record is acknowledged instead of committed:
+ACCEPT once the endpoint took it (or once the dead letters did), retries
+stay on this member with the lock renewed, and a stop RELEASEs what has
+not started to the other members. No order is kept across members;
+--ordering key keeps one request per key at a time in this process. A
+share group without share.auto.offset.reset gets earliest.`, stderr)
+
 	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
-	group := fs.String("group", "", "consumer group `G` (required)")
+	group := fs.String("group", "", "consumer group `G` (this or --share-group required)")
+	shareGroup := fs.String("share-group", "", "share group `G` to consume in instead of a consumer group (KIP-932, Kafka 4.2+): members share every partition; excludes --group, --instance-id, --retry-topics, --adaptive and --ordering partition")
 	var topics, topicRegex, headers listFlag
 	fs.Var(&topics, "topic", "`TOPIC` to consume; repeat the flag or separate with commas for several (this or --topic-regex required)")
 	fs.Var(&topicRegex, "topic-regex", "consume every topic matching the regular expression `RE`, including later ones; repeatable (excludes --topic, --retry-topics)")
@@ -113,11 +125,26 @@ and exits 0.`, stderr)
 		return fs.usageError("unexpected argument %q", fs.Arg(0))
 	}
 	for _, req := range []struct{ name, val string }{
-		{"brokers", *brokers}, {"group", *group}, {"url", *target},
+		{"brokers", *brokers}, {"url", *target},
 	} {
 		if strings.TrimSpace(req.val) == "" {
 			return fs.usageError("missing --%s (or %s)", req.name, envName(req.name))
 		}
+	}
+	share := strings.TrimSpace(*shareGroup) != ""
+	switch {
+	case strings.TrimSpace(*group) == "" && !share:
+		return fs.usageError("missing --group (or %s), or --share-group (or %s)", envName("group"), envName("share-group"))
+	case strings.TrimSpace(*group) != "" && share:
+		return fs.usageError("invalid --share-group: give either --group or --share-group, not both")
+	case share && ord == kpar.ByPartition:
+		return fs.usageError("invalid --ordering partition with --share-group: a share group hands one partition to many members; use --ordering key (one request per key at a time in this process) or unordered, or --group")
+	case share && *instanceID != "":
+		return fs.usageError("invalid --instance-id with --share-group: share groups have no static membership")
+	case share && *adaptive:
+		return fs.usageError("invalid --adaptive with --share-group: not supported yet; set --concurrency")
+	case share && strings.TrimSpace(*retryTopics) != "":
+		return fs.usageError("invalid --retry-topics with --share-group: retries stay on the member that holds the record (--max-attempts, --backoff), then go to the dead letters")
 	}
 	topicList, regexList := topics.split(","), topicRegex.values
 	switch {
@@ -239,11 +266,13 @@ and exits 0.`, stderr)
 		subscribed = regexList
 		handler = skipDeadLetters(h, sink, log)
 	}
+	membership := []kpar.ConsumerOpt{kpar.Group(*group), kpar.InstanceID(*instanceID)}
+	if share {
+		membership = []kpar.ConsumerOpt{kpar.ShareGroup(*shareGroup)}
+	}
 	opts := []kpar.ConsumerOpt{
 		kpar.Brokers(seeds...),
 		kpar.ClientOptions(append(consumeOpts, secOpts...)...),
-		kpar.Group(*group),
-		kpar.InstanceID(*instanceID),
 		kpar.CommitInterval(*commitInterval),
 		kpar.Topics(subscribed...),
 		kpar.Concurrency(*concurrency),
@@ -251,6 +280,7 @@ and exits 0.`, stderr)
 		kpar.DeadLetters(dl),
 		kpar.WithLogger(log),
 	}
+	opts = append(opts, membership...)
 	opts = append(opts, att.opts()...)
 	opts = append(opts, rateOpts...)
 	if *adaptive {
@@ -284,8 +314,12 @@ and exits 0.`, stderr)
 		*metricsListen = bound
 	}
 
+	groupKey, groupName := "group", *group
+	if share {
+		groupKey, groupName = "share_group", *shareGroup
+	}
 	attrs := []any{
-		"brokers", strings.Join(seeds, ","), "group", *group,
+		"brokers", strings.Join(seeds, ","), groupKey, groupName,
 		"url", redactURL(*target), "ordering", ord.String(), "concurrency", *concurrency,
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
@@ -333,6 +367,10 @@ and exits 0.`, stderr)
 	}
 
 	stopLog := context.AfterFunc(ctx, func() {
+		if share {
+			log.Info("kpar forward stopping: releasing records not started, finishing in-flight requests", "shutdown_timeout", *att.shutdownWait)
+			return
+		}
 		log.Info("kpar forward stopping: finishing in-flight requests, then committing", "shutdown_timeout", *att.shutdownWait)
 	})
 	defer stopLog()
@@ -341,6 +379,10 @@ and exits 0.`, stderr)
 	if errors.Is(err, kpar.ErrShutdownTimeout) && ctx.Err() != nil {
 		// A requested stop that could not finish everything in time:
 		// nothing is lost, the rest is delivered again after a restart.
+		if share {
+			log.Warn("kpar forward stopped: --shutdown-timeout passed with records unfinished; they were released and will be delivered again")
+			return 0
+		}
 		log.Warn("kpar forward stopped: --shutdown-timeout passed with records unfinished; offsets committed below them, they will be delivered again")
 		return 0
 	}
@@ -349,6 +391,12 @@ and exits 0.`, stderr)
 			err = why
 		}
 		return fail("kpar forward: stopped", err)
+	}
+	if share {
+		st, _ := c.ShareStats()
+		log.Info("kpar forward stopped: in-flight records finished and acknowledged",
+			"accepted", st.Accepted, "dead_lettered", st.DeadLettered, "released", st.Released)
+		return 0
 	}
 	log.Info("kpar forward stopped: in-flight records finished and offsets committed")
 	return 0

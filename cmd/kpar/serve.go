@@ -42,7 +42,8 @@ const statusRefresh = time.Second
 //	GET /api/status  the page's data as JSON
 //	GET /healthz     200 while the process serves
 //	GET /readyz      200 while c is a member of its group, with partitions
-//	                 or idle; 503 otherwise (see kparprom.Metrics.Ready)
+//	                 or idle (a share-group member: while it runs); 503
+//	                 otherwise (see kparprom.Metrics.Ready)
 //
 // An address with an empty host (":9464") is rejected, since it would
 // listen on every interface: a non-loopback address must be named.
@@ -59,6 +60,7 @@ func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom
 		m.PartitionCollector(c.Partitions),
 		m.OverdueCollector(c.Overdue),
 		m.LimitCollector(c.ConcurrencyLimit),
+		m.ShareCollector(c.ShareStats),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}, extra...)
@@ -150,8 +152,10 @@ type statusResponse struct {
 	RateLimit rateStatus `json:"rate_limit"`
 	// Backlog is the records not finished over the assigned partitions
 	// whose high watermark is known: the sum of their backlogs.
-	Backlog     int64                      `json:"backlog"`
-	Partitions  []partitionStatus          `json:"partitions"`
+	Backlog    int64             `json:"backlog"`
+	Partitions []partitionStatus `json:"partitions"`
+	// Share is set for a share-group member (no partitions then).
+	Share       *shareStatus               `json:"share,omitempty"`
 	DeadLetters []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
 }
 
@@ -162,6 +166,23 @@ type rateStatus struct {
 	KeyPerSecond float64 `json:"key_per_second"`
 	KeyBurst     int     `json:"key_burst"`
 	Keys         int     `json:"keys"` // keys with a bucket now
+}
+
+// shareStatus is kpar.ShareStats in /api/status.
+type shareStatus struct {
+	Group            string `json:"group"`
+	Acquired         int    `json:"acquired"`  // held: polled, not acknowledged
+	InFlight         int    `json:"in_flight"` // in a handler now
+	Retrying         int    `json:"retrying"`  // held, waiting for a retry
+	Received         int64  `json:"received"`
+	Redelivered      int64  `json:"redelivered"` // received with a delivery count above 1
+	MaxDeliveryCount int32  `json:"max_delivery_count"`
+	DeliveryLimit    int32  `json:"delivery_limit"`
+	Accepted         int64  `json:"accepted"`      // dead letters included
+	DeadLettered     int64  `json:"dead_lettered"` // accepted once the sink acknowledged them
+	Released         int64  `json:"released"`
+	Renewed          int64  `json:"renewed"`
+	AckErrors        int64  `json:"ack_errors"`
 }
 
 // partitionStatus is one partition of statusResponse. Offsets not known
@@ -196,6 +217,15 @@ func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusRe
 		RateLimit:        rateStatus(c.RateLimits()),
 		Partitions:       []partitionStatus{},
 		DeadLetters:      m.RecentDeadLetters(),
+	}
+	if st, share := c.ShareStats(); share {
+		resp.Share = &shareStatus{
+			Group: st.Group, Acquired: st.Acquired, InFlight: st.InFlight, Retrying: st.Retrying,
+			Received: st.Received, Redelivered: st.Redelivered,
+			MaxDeliveryCount: st.MaxDeliveryCount, DeliveryLimit: st.DeliveryLimit,
+			Accepted: st.Accepted, DeadLettered: st.DeadLettered, Released: st.Released,
+			Renewed: st.Renewed, AckErrors: st.AckErrors,
+		}
 	}
 	for _, s := range m.PartitionStatus(ctx, c.Partitions()) {
 		if s.Backlog > 0 {

@@ -63,11 +63,12 @@ const (
 	Rate     = "rate"
 	Forward  = "forward"
 	Batch    = "batch"
+	// Share is in share.go.
 )
 
 // Scenarios lists every scenario name.
 func Scenarios() []string {
-	return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash, Adaptive, Rate, Forward, Batch}
+	return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash, Adaptive, Rate, Forward, Batch, Share}
 }
 
 // Config chooses scenarios and sizes. The zero value of a field means its
@@ -116,7 +117,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Scenarios:   Scenarios(),
-		Contenders:  Contenders(),
+		Contenders:  AllContenders(),
 		Partitions:  8,
 		ValueBytes:  100,
 		Latency:     5 * time.Millisecond,
@@ -166,7 +167,7 @@ func (c *Config) validate() error {
 	}
 	for _, n := range c.Contenders {
 		if _, ok := contenderNamed(n); !ok {
-			return fmt.Errorf("unknown contender %q: want %s", n, strings.Join(Contenders(), ", "))
+			return fmt.Errorf("unknown contender %q: want %s", n, strings.Join(AllContenders(), ", "))
 		}
 	}
 	return nil
@@ -384,6 +385,7 @@ func (r *runner) env(s *runSpec, tr *tracker, group string) *env {
 	e := &env{
 		brokers:     []string{r.b.addr},
 		topic:       s.t.name,
+		end:         s.t.ends[0],
 		group:       group,
 		partitions:  s.t.partitions,
 		concurrency: s.concurrency,
@@ -440,7 +442,12 @@ func (r *runner) measure(ctx context.Context, s runSpec) Result {
 	}
 
 	sctx, scancel := context.WithTimeout(ctx, settleTimeout)
-	err := r.b.waitStable(sctx, group, s.c.members(s.t.partitions), s.t, errc)
+	var err error
+	if s.c.settle != nil {
+		err = s.c.settle(sctx, g, errc)
+	} else {
+		err = r.b.waitStable(sctx, group, s.c.members(s.t.partitions), s.t, errc)
+	}
 	scancel()
 	if err != nil {
 		res.Err = err.Error()
@@ -615,6 +622,8 @@ func (r *runner) scenario(ctx context.Context, s string) ([]Result, error) {
 		return r.forward(ctx)
 	case Batch:
 		return r.batch(ctx)
+	case Share:
+		return r.share(ctx)
 	}
 	return nil, errors.New("unknown scenario " + s)
 }

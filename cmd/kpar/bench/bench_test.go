@@ -57,6 +57,28 @@ func TestRunSmallNoop(t *testing.T) {
 	}
 }
 
+// TestRunSmallShare runs the share scenario small: every contender reads
+// the whole one-partition topic, share groups and backfill included.
+func TestRunSmallShare(t *testing.T) {
+	cfg := Config{Scenarios: []string{Share}, Contenders: []string{KparUnordered, Backfill2, KparShare, RawShare},
+		Records: 2000, Latency: time.Millisecond, Concurrency: 16, TimeCap: 2 * time.Second}
+	if testing.Verbose() {
+		cfg.Progress = os.Stderr
+	}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 8 {
+		t.Fatalf("%d results, want 8 (4 contenders, 2 variants)", len(rep.Results))
+	}
+	for _, res := range rep.Results {
+		if res.Err != "" || res.Lost != 0 || res.RatioTo != "raw-share" || (res.Records != 2000 && !res.Capped) {
+			t.Errorf("%s %s: %+v", res.Variant, res.Contender, res)
+		}
+	}
+}
+
 // TestCrashShowsNaivePoolLoss runs the crash scenario small: kpar loses
 // nothing, and the naive pool loses records. How many depends on what is in
 // flight at the kill, so the naive pool gets three tries to show it.

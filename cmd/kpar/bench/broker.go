@@ -242,22 +242,34 @@ func appendRecord(dst []byte, offsetDelta int32, key, value []byte) []byte {
 // gate holds every fetch at the broker until it opens, so that a contender
 // can join its group (and, with several members, finish rebalancing) before
 // the clock starts: what is measured is consumption, not group formation.
+//
+// It holds share-group fetches (ShareFetch) too, and tells when the first
+// of each kind arrived: contenders without a consumer group (share.go)
+// have settled then.
 type gate struct {
 	once sync.Once
 	ch   chan struct{}
+
+	fetched, shareFetched     chan struct{} // closed at the first held Fetch, ShareFetch
+	fetchOnce, shareFetchOnce sync.Once
 }
 
 func (b *broker) closeGate() *gate {
-	g := &gate{ch: make(chan struct{})}
-	b.kc.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
-		select {
-		case <-g.ch:
-			b.kc.DropControl()
-		default:
-			b.kc.SleepControl(func() { <-g.ch })
+	g := &gate{ch: make(chan struct{}), fetched: make(chan struct{}), shareFetched: make(chan struct{})}
+	hold := func(first *sync.Once, seen chan struct{}) func(kmsg.Request) (kmsg.Response, error, bool) {
+		return func(kmsg.Request) (kmsg.Response, error, bool) {
+			select {
+			case <-g.ch:
+				b.kc.DropControl()
+			default:
+				first.Do(func() { close(seen) })
+				b.kc.SleepControl(func() { <-g.ch })
+			}
+			return nil, nil, false // then kfake answers the fetch as usual
 		}
-		return nil, nil, false // then kfake answers the fetch as usual
-	})
+	}
+	b.kc.ControlKey(int16(kmsg.Fetch), hold(&g.fetchOnce, g.fetched))
+	b.kc.ControlKey(int16(kmsg.ShareFetch), hold(&g.shareFetchOnce, g.shareFetched))
 	return g
 }
 

@@ -16,6 +16,7 @@ import (
 type env struct {
 	brokers     []string
 	topic       string
+	end         int64 // offset after the last record of a one-partition topic (backfill's range)
 	group       string
 	partitions  int
 	concurrency int
@@ -39,6 +40,9 @@ type contender struct {
 	// stamps: its client runs stampHook, so latency can be measured.
 	stamps bool
 	run    func(ctx context.Context, e *env) error
+	// settle, when set, replaces waiting for a stable consumer group
+	// (contenders without one: share.go); it waits at the closed gate.
+	settle func(ctx context.Context, g *gate, stop <-chan error) error
 }
 
 // Contender names, in report order.
@@ -72,21 +76,21 @@ var runSarama func(context.Context, *env) error
 func contenderNamed(name string) (contender, bool) {
 	switch name {
 	case Raw:
-		return contender{name, one, true, runRaw}, true
+		return contender{name, one, true, runRaw, nil}, true
 	case PerPartition:
-		return contender{name, func(p int) int { return p }, true, runPerPartition}, true
+		return contender{name, func(p int) int { return p }, true, runPerPartition, nil}, true
 	case NaivePool:
-		return contender{name, one, true, runNaivePool}, true
+		return contender{name, one, true, runNaivePool, nil}, true
 	case KparKey:
-		return contender{name, one, true, runKpar(kpar.ByKey)}, true
+		return contender{name, one, true, runKpar(kpar.ByKey), nil}, true
 	case KparPartition:
-		return contender{name, one, true, runKpar(kpar.ByPartition)}, true
+		return contender{name, one, true, runKpar(kpar.ByPartition), nil}, true
 	case KparUnordered:
-		return contender{name, one, true, runKpar(kpar.Unordered)}, true
+		return contender{name, one, true, runKpar(kpar.Unordered), nil}, true
 	case Sarama:
-		return contender{name, one, false, runSarama}, runSarama != nil
+		return contender{name, one, false, runSarama, nil}, runSarama != nil
 	}
-	return contender{}, false
+	return shareContender(name)
 }
 
 // runRaw is the ceiling: one franz-go client, one loop that polls and calls
