@@ -415,8 +415,20 @@ func (e *engine) observe(t *task, err error) time.Duration {
 		backoff = max(d, time.Millisecond)
 	}
 	r := it.original()
-	attrs := []any{"topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
-		"attempt", it.attempts, "retry_in", backoff, "err", err}
+	attrs := []any{"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", it.attempts}
+	allowed := e.cfg.maxAttempts
+	if it.level() > 0 {
+		allowed = 1 // a retry topic is itself the retry (see nextStep)
+	}
+	switch {
+	case IsPermanent(err):
+		attrs = append(attrs, "next", "permanent: not retried")
+	case it.attempts >= allowed && !IsOverloaded(err):
+		attrs = append(attrs, "next", "attempts used up")
+	default:
+		attrs = append(attrs, "retry_in", backoff)
+	}
+	attrs = append(attrs, "err", err)
 	if pe, ok := err.(*PanicError); ok {
 		attrs = append(attrs, "stack", string(pe.Stack))
 	}
