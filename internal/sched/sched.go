@@ -77,7 +77,7 @@ func (q *Queue[T]) Pop() *Task[T] {
 // bit and 0 becomes 1: two keys sharing a lane are only ordered more
 // strictly.
 type Lanes[T any] struct {
-	keys   []uint64   // len is a power of two, at least twice busy
+	keys   []uint64   // len is a power of two, at least four times busy: short probe runs
 	parked []Queue[T] // parked[i] waits behind the lane of keys[i]; empty unless keys[i] has parkedBit
 	busy   int
 }
@@ -138,7 +138,7 @@ func (l *Lanes[T]) remove(i int) {
 func (l *Lanes[T]) Admit(t *Task[T], key uint64) bool {
 	key = laneKey(key)
 	t.lane, t.laned = key, true
-	if 2*(l.busy+1) > len(l.keys) {
+	if 4*(l.busy+1) > len(l.keys) {
 		l.grow()
 	}
 	i, ok := l.find(key)
