@@ -101,14 +101,15 @@ func equal(a, b []int) bool {
 func TestLanesMatchAModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var l Lanes[int]
-	model := map[uint64][]*Task[int]{} // key -> in-flight task, then parked ones
+	model := map[uint32][]*Task[int]{} // lane key -> in-flight task, then parked ones
 	var inflight []*Task[int]
 	for step := range 200_000 {
 		if len(inflight) == 0 || rng.IntN(2) == 0 {
 			// Keys share low bits often: many collide in the table.
-			key := laneKey(uint64(rng.IntN(64)) << uint(rng.IntN(3)*20))
+			raw := uint64(rng.IntN(64)) << uint(rng.IntN(3)*20)
+			key := laneKey(raw)
 			task := &Task[int]{Value: step}
-			ready := l.Admit(task, key)
+			ready := l.Admit(task, raw)
 			if wantReady := len(model[key]) == 0; ready != wantReady {
 				t.Fatalf("step %d: Admit(key %x) ready = %v, want %v", step, key, ready, wantReady)
 			}
