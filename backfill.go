@@ -826,32 +826,16 @@ func (b *backfill) maybeCompleteLocked(sl *bfSlice) {
 // failed write with backoff; a record is finished once its write was
 // acknowledged. It runs until ctx (the hard stop) ends.
 func (b *backfill) deadLetterWriter(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-b.deadWake:
+	writeQueued(ctx, b.deadWake, &b.mu, &b.dead, func(batch []*bfRecord) bool {
+		ts := tasksOf(batch, func(rec *bfRecord) *task { return &rec.t })
+		if !b.eng.deadLetterUntilAcked(ctx, ts, "their slice's progress holds until it succeeds") {
+			return false
 		}
-		for {
-			b.mu.Lock()
-			batch := b.dead
-			b.dead = nil
-			b.mu.Unlock()
-			if len(batch) == 0 {
-				break
-			}
-			ts := make([]*task, len(batch))
-			for i, rec := range batch {
-				ts[i] = &rec.t
-			}
-			if !b.eng.deadLetterUntilAcked(ctx, ts, "their slice's progress holds until it succeeds") {
-				return
-			}
-			for _, rec := range batch {
-				b.finish(rec, true)
-			}
+		for _, rec := range batch {
+			b.finish(rec, true)
 		}
-	}
+		return true
+	})
 }
 
 // saver saves the progress when it moved, at most once per CommitInterval.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/kpar/kpar/deadletter"
@@ -116,21 +117,32 @@ func (e *engine) exile(t *task) {
 // record is finished only after its write was acknowledged. It runs until
 // ctx ends (the hard stop): during a graceful drain it keeps writing.
 func (e *engine) exileWriter(ctx context.Context) {
+	writeQueued(ctx, e.exileWake, &e.mu, &e.exiled, func(batch []*task) bool {
+		return e.writeExiled(ctx, batch)
+	})
+}
+
+// writeQueued is the loop of a writer goroutine: the engine's exile writer
+// and the dead-letter writers of Backfill and the share-group runner. At
+// each wake it takes the whole queue (guarded by mu) and writes it, until
+// the queue stays empty. It returns when ctx ends or write returns false
+// (ctx ended before the write succeeded).
+func writeQueued[T any](ctx context.Context, wake <-chan struct{}, mu *sync.Mutex, queue *[]T, write func(batch []T) bool) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-e.exileWake:
+		case <-wake:
 		}
 		for {
-			e.mu.Lock()
-			batch := e.exiled
-			e.exiled = nil
-			e.mu.Unlock()
+			mu.Lock()
+			batch := *queue
+			*queue = nil
+			mu.Unlock()
 			if len(batch) == 0 {
 				break
 			}
-			if !e.writeExiled(ctx, batch) {
+			if !write(batch) {
 				return
 			}
 		}
@@ -184,6 +196,15 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	e.wake(handedOver)
 	e.mu.Unlock()
 	return true
+}
+
+// tasksOf is the task of each record of batch, for deadLetterUntilAcked.
+func tasksOf[R any](batch []R, taskOf func(R) *task) []*task {
+	ts := make([]*task, len(batch))
+	for i, r := range batch {
+		ts[i] = taskOf(r)
+	}
+	return ts
 }
 
 // deadLetterUntilAcked writes ts to the dead-letter sink, retrying a

@@ -700,32 +700,16 @@ func (s *shareRun) failed(r *shareRec, err error, timedOut bool, backoff time.Du
 // accepts them once the sink acknowledged them. Until then they stay
 // acquired and unacknowledged. It runs until ctx (the hard stop) ends.
 func (s *shareRun) deadLetterWriter(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.deadWake:
+	writeQueued(ctx, s.deadWake, &s.mu, &s.dead, func(batch []*shareRec) bool {
+		ts := tasksOf(batch, func(r *shareRec) *task { return &r.t })
+		if !s.eng.deadLetterUntilAcked(ctx, ts, "the records stay acquired, unacknowledged, until it succeeds") {
+			return false
 		}
-		for {
-			s.mu.Lock()
-			batch := s.dead
-			s.dead = nil
-			s.mu.Unlock()
-			if len(batch) == 0 {
-				break
-			}
-			ts := make([]*task, len(batch))
-			for i, r := range batch {
-				ts[i] = &r.t
-			}
-			if !s.eng.deadLetterUntilAcked(ctx, ts, "the records stay acquired, unacknowledged, until it succeeds") {
-				return
-			}
-			s.deadLettered.Add(int64(len(batch)))
-			s.accepted.Add(int64(len(batch)))
-			s.settle(batch, kgo.AckAccept)
-		}
-	}
+		s.deadLettered.Add(int64(len(batch)))
+		s.accepted.Add(int64(len(batch)))
+		s.settle(batch, kgo.AckAccept)
+		return true
+	})
 }
 
 // unstartedLocked takes the records that have not started (ready, queued
