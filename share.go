@@ -717,27 +717,9 @@ func (s *shareRun) deadLetterWriter(ctx context.Context) {
 // except those on their last delivery. Called with mu held.
 func (s *shareRun) unstartedLocked() []*shareRec {
 	var out []*shareRec
-	keep := s.ready[:0]
-	for _, r := range s.ready {
-		if r.last {
-			keep = append(keep, r)
-		} else {
-			out = append(out, r)
-		}
-	}
-	clear(s.ready[len(keep):])
-	s.ready = keep
+	s.ready, out = keepLast(s.ready, out)
 	for _, ln := range s.lanes {
-		q := ln.queue[:0]
-		for _, r := range ln.queue {
-			if r.last {
-				q = append(q, r)
-			} else {
-				out = append(out, r)
-			}
-		}
-		clear(ln.queue[len(q):])
-		ln.queue = q
+		ln.queue, out = keepLast(ln.queue, out)
 	}
 	for r, tm := range s.timers {
 		if !r.last {
@@ -747,6 +729,21 @@ func (s *shareRun) unstartedLocked() []*shareRec {
 		}
 	}
 	return out
+}
+
+// keepLast filters rs in place down to the records on their last delivery,
+// returned first, and appends the others to out, returned second.
+func keepLast(rs, out []*shareRec) ([]*shareRec, []*shareRec) {
+	kept := rs[:0]
+	for _, r := range rs {
+		if r.last {
+			kept = append(kept, r)
+		} else {
+			out = append(out, r)
+		}
+	}
+	clear(rs[len(kept):])
+	return kept, out
 }
 
 // settle gives records their final acknowledgement and takes them out of
