@@ -575,10 +575,7 @@ func (b *backfill) run(ctx context.Context) error {
 	drainTimer.Stop()
 	b.mu.Lock()
 	b.stop = true // workers exit, timers do not fire
-	for _, tm := range b.timers {
-		tm.Stop()
-	}
-	clear(b.timers)
+	stopTimers(b.timers)
 	b.cond.Broadcast()
 	b.mu.Unlock()
 	if !waitTimeout(&workers, b.cfg.shutdownTimeout) {

@@ -231,6 +231,16 @@ func (e *engine) deadLetterUntilAcked(ctx context.Context, ts []*task, holds str
 	}
 }
 
+// stopTimers stops and forgets every retry timer of timers: Backfill and
+// the share-group runner call it at shutdown, under the lock that guards
+// timers.
+func stopTimers[K comparable](timers map[K]*time.Timer) {
+	for _, tm := range timers {
+		tm.Stop()
+	}
+	clear(timers)
+}
+
 // sinkBackoff spaces out writes to a failing retry topic or sink: full
 // jitter over 100ms doubling up to RetryBackoff's cap (at least 1s).
 func (e *engine) sinkBackoff(attempt int) time.Duration {

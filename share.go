@@ -340,10 +340,7 @@ func (s *shareRun) run(ctx context.Context) error {
 	stopDrain()
 	s.mu.Lock()
 	s.stop = true
-	for r, tm := range s.timers {
-		tm.Stop()
-		delete(s.timers, r)
-	}
+	stopTimers(s.timers)
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	if !drained {
