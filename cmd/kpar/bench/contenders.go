@@ -96,9 +96,16 @@ func contenderNamed(name string) (contender, bool) {
 // runRaw is the ceiling: one franz-go client, one loop that polls and calls
 // the handler on each record in turn, franz-go's default autocommit.
 func runRaw(ctx context.Context, e *env) error {
+	return pollEach(ctx, e, kgo.ConsumerGroup(e.group))
+}
+
+// pollEach is the loop of the plain franz-go contenders: one client in
+// group (a consumer or a share group), polling and calling the handler on
+// each record in turn until ctx ends.
+func pollEach(ctx context.Context, e *env, group kgo.Opt) error {
 	cl, err := kgo.NewClient(append(e.kgoOpts,
 		kgo.SeedBrokers(e.brokers...),
-		kgo.ConsumerGroup(e.group),
+		group,
 		kgo.ConsumeTopics(e.topic),
 	)...)
 	if err != nil {

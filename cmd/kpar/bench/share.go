@@ -95,22 +95,7 @@ func runRawShare(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	cl, err = kgo.NewClient(append(e.kgoOpts,
-		kgo.SeedBrokers(e.brokers...),
-		kgo.ShareGroup(e.group),
-		kgo.ConsumeTopics(e.topic),
-	)...)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	for {
-		fs := cl.PollFetches(ctx)
-		if fs.IsClientClosed() || ctx.Err() != nil {
-			return nil
-		}
-		fs.EachRecord(func(r *kgo.Record) { _ = e.handle(ctx, r) })
-	}
+	return pollEach(ctx, e, kgo.ShareGroup(e.group))
 }
 
 // setEarliest makes a new share group start at the oldest record, as kpar
