@@ -196,6 +196,20 @@ func (r *runner) flowTopic(ctx context.Context, name string, def int) (*topic, e
 	return r.topic(ctx, name, r.cfg.Partitions, flowKeys, r.cfg.ValueBytes, r.records(def))
 }
 
+// flowEndpoint is flowTopic and an endpoint without a capacity limit (see
+// newEndpoint) for it; the caller closes the endpoint.
+func (r *runner) flowEndpoint(ctx context.Context, name string, def int, service time.Duration, record bool) (*topic, *endpoint, error) {
+	t, err := r.flowTopic(ctx, name, def)
+	if err != nil {
+		return nil, nil, err
+	}
+	ep, err := newEndpoint(service, 0, record)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, ep, nil
+}
+
 // ---- adaptive ----
 
 func (r *runner) adaptive(ctx context.Context) ([]Result, error) {
@@ -239,11 +253,7 @@ const (
 )
 
 func (r *runner) rate(ctx context.Context) ([]Result, error) {
-	t, err := r.flowTopic(ctx, "flow-rate", 3_000)
-	if err != nil {
-		return nil, err
-	}
-	ep, err := newEndpoint(0, 0, true)
+	t, ep, err := r.flowEndpoint(ctx, "flow-rate", 3_000, 0, true)
 	if err != nil {
 		return nil, err
 	}
@@ -282,33 +292,22 @@ func maxInWindow(ts []time.Time, d time.Duration) int {
 const flowRounds = 3
 
 func (r *runner) forward(ctx context.Context) ([]Result, error) {
-	t, err := r.flowTopic(ctx, "flow-forward", 30_000)
-	if err != nil {
-		return nil, err
-	}
-	ep, err := newEndpoint(flowService, 0, false)
+	t, ep, err := r.flowEndpoint(ctx, "flow-forward", 30_000, flowService, false)
 	if err != nil {
 		return nil, err
 	}
 	defer ep.close()
 	const conc = 256
-	body := bytes.Repeat([]byte{'x'}, r.cfg.ValueBytes)
-	var gens, fwds []Result
 	var dead int64
-	for range flowRounds {
-		gens = append(gens, r.generate(ctx, Forward, ep.url, conc, t.total, body))
+	gen, res, err := r.againstGenerator(ctx, Forward, ep, conc, t.total, func() Result {
 		res, _, d := r.runForward(ctx, Forward, "per record", t, ep.url, conc, nil)
-		fwds, dead = append(fwds, res), dead+d
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+		dead += d
+		return res
+	})
+	if err != nil {
+		return nil, err
 	}
-	gen, res := median(gens), median(fwds)
-	gen.Variant = "per request"
 	ideal := float64(conc) / flowService.Seconds()
-	if gen.RecordsPerSec > 0 {
-		res.Ratio, res.RatioTo = res.RecordsPerSec/gen.RecordsPerSec, "generator"
-	}
 	gen.Ratio, gen.RatioTo = gen.RecordsPerSec/ideal, "ideal"
 	gen.Note = join(fmt.Sprintf("%d goroutines POSTing %d-byte bodies; ideal %s/s (%d / %s)", conc, r.cfg.ValueBytes, commas(int64(ideal)), conc, flowService), gen.Note)
 	res.Note = join(res.Note, fmt.Sprintf("concurrency %d, endpoint %s per request; dead letters %s", conc, flowService, commas(dead)))
@@ -316,37 +315,48 @@ func (r *runner) forward(ctx context.Context) ([]Result, error) {
 }
 
 func (r *runner) batch(ctx context.Context) ([]Result, error) {
-	t, err := r.flowTopic(ctx, "flow-batch", 100_000)
-	if err != nil {
-		return nil, err
-	}
-	ep, err := newEndpoint(flowService, 0, false)
+	t, ep, err := r.flowEndpoint(ctx, "flow-batch", 100_000, flowService, false)
 	if err != nil {
 		return nil, err
 	}
 	defer ep.close()
 	const genConc, batch = 256, 100
 	conc := 8 * batch // kpar forward's default with --batch
-	body := bytes.Repeat([]byte{'x'}, r.cfg.ValueBytes)
-	var gens, fwds []Result
 	var dead, requests int64
-	for range flowRounds {
-		gens = append(gens, r.generate(ctx, Batch, ep.url, genConc, min(t.total, 30_000), body))
+	gen, res, err := r.againstGenerator(ctx, Batch, ep, genConc, min(t.total, 30_000), func() Result {
 		before := ep.requests.Load() // the generator's
 		res, _, d := r.runForward(ctx, Batch, fmt.Sprintf("--batch %d", batch), t, ep.url, conc,
 			[]forward.Option{forward.Batch(batch, 5*time.Millisecond)})
-		fwds, dead, requests = append(fwds, res), dead+d, requests+ep.requests.Load()-before
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-	}
-	gen, res := median(gens), median(fwds)
-	gen.Variant = "per request"
-	if gen.RecordsPerSec > 0 {
-		res.Ratio, res.RatioTo = res.RecordsPerSec/gen.RecordsPerSec, "generator"
+		dead, requests = dead+d, requests+ep.requests.Load()-before
+		return res
+	})
+	if err != nil {
+		return nil, err
 	}
 	gen.Note = join(fmt.Sprintf("%d goroutines, one record per request", genConc), gen.Note)
 	res.Note = join(res.Note, fmt.Sprintf("concurrency %d (8 batches of %d in flight), %s requests a run; dead letters %s",
 		conc, batch, commas(requests/flowRounds), commas(dead)))
 	return []Result{gen, res}, ctx.Err()
+}
+
+// againstGenerator alternates, flowRounds times, the load generator
+// (genConc goroutines, n requests to ep) and one kpar run (run), and
+// returns the median of each; the kpar run's ratio is to the generator's
+// rate. err is ctx's once it ended.
+func (r *runner) againstGenerator(ctx context.Context, scenario string, ep *endpoint, genConc int, n int64, run func() Result) (gen, res Result, err error) {
+	body := bytes.Repeat([]byte{'x'}, r.cfg.ValueBytes)
+	var gens, runs []Result
+	for range flowRounds {
+		gens = append(gens, r.generate(ctx, scenario, ep.url, genConc, n, body))
+		runs = append(runs, run())
+		if ctx.Err() != nil {
+			return Result{}, Result{}, ctx.Err()
+		}
+	}
+	gen, res = median(gens), median(runs)
+	gen.Variant = "per request"
+	if gen.RecordsPerSec > 0 {
+		res.Ratio, res.RatioTo = res.RecordsPerSec/gen.RecordsPerSec, "generator"
+	}
+	return gen, res, nil
 }
