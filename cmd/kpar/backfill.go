@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,21 +52,10 @@ exits 1.`, stderr)
 	progressInterval := fs.Duration("progress-interval", time.Second, "save the progress at most this often (and at the end)")
 	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` (default <topic>.dlq)")
-	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
+	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
-	if code, ok := fs.parse(args); !ok {
+	if code, ok := fs.parseArgs(args, "brokers", "topic", "from", "to", "url"); !ok {
 		return code
-	}
-
-	if fs.NArg() > 0 {
-		return fs.usageError("unexpected argument %q", fs.Arg(0))
-	}
-	for _, req := range []struct{ name, val string }{
-		{"brokers", *brokers}, {"topic", *topic}, {"from", *from}, {"to", *to}, {"url", *target},
-	} {
-		if strings.TrimSpace(req.val) == "" {
-			return fs.usageError("missing --%s (or %s)", req.name, envName(req.name))
-		}
 	}
 	seeds, err := splitBrokers(*brokers)
 	if err != nil {
@@ -94,9 +82,9 @@ exits 1.`, stderr)
 	if code, ok := att.check(fs); !ok {
 		return code
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fs.usageError("invalid --log-level %q: use debug, info, warn or error", *logLevel)
+	log, code, ok := fs.logger(*logLevel)
+	if !ok {
+		return code
 	}
 	if *dlqTopic == "" {
 		*dlqTopic = *topic + ".dlq"
@@ -104,17 +92,12 @@ exits 1.`, stderr)
 	if *dlqTopic == *topic {
 		return fs.usageError("invalid --dlq-topic %q: it is the topic being read", *dlqTopic)
 	}
-	h, err := forward.New(*target, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
-	if err != nil {
-		return fs.usageError("invalid --url: %v", strings.TrimPrefix(err.Error(), "forward: "))
+	h, secOpts, code, ok := fs.forwarder(*target, sec, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
+	if !ok {
+		return code
 	}
 	defer h.CloseIdleConnections()
-	secOpts, err := sec.kgoOpts()
-	if err != nil {
-		return fs.usageError("%v", err)
-	}
 
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	fail := func(msg string, err error) int {
 		log.Error(msg, "err", err)
 		fmt.Fprintf(stderr, "kpar backfill: %v\n", err)

@@ -5,11 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/forward"
 )
 
 // flagSet is a flag.FlagSet that also reads KPAR_<FLAG> environment
@@ -76,10 +80,59 @@ func (f *flagSet) parse(args []string) (int, bool) {
 	return 0, true
 }
 
+// parseArgs is parse, then the usage error of a positional argument or of
+// the first flag of required left blank.
+func (f *flagSet) parseArgs(args []string, required ...string) (int, bool) {
+	if code, ok := f.parse(args); !ok {
+		return code, false
+	}
+	if f.NArg() > 0 {
+		return f.usageError("unexpected argument %q", f.Arg(0)), false
+	}
+	for _, name := range required {
+		if strings.TrimSpace(f.Lookup(name).Value.String()) == "" {
+			return f.usageError("missing --%s (or %s)", name, envName(name)), false
+		}
+	}
+	return 0, true
+}
+
 // usageError prints a one-line usage error naming the flag and returns 2.
 func (f *flagSet) usageError(format string, a ...any) int {
 	fmt.Fprintf(f.stderr, "%s: %s\n", f.Name(), fmt.Sprintf(format, a...))
 	return 2
+}
+
+// addLogLevel defines --log-level, which kpar forward and kpar backfill
+// share; logger reads it.
+func addLogLevel(fs *flagSet) *string {
+	return fs.String("log-level", "info", "log `level`: debug, info, warn or error")
+}
+
+// logger is the text logger on the flag set's stderr at level (the value
+// of --log-level), or the usage error of a bad level.
+func (f *flagSet) logger(level string) (*slog.Logger, int, bool) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, f.usageError("invalid --log-level %q: use debug, info, warn or error", level), false
+	}
+	return slog.New(slog.NewTextHandler(f.stderr, &slog.HandlerOptions{Level: l})), 0, true
+}
+
+// forwarder is what kpar forward and kpar backfill make once their flags
+// are checked: the forward.Handler of --url (target) with opts, and the
+// client options of the security flags; each failure is a usage error.
+func (f *flagSet) forwarder(target string, sec *securityOpts, opts ...forward.Option) (*forward.Handler, []kgo.Opt, int, bool) {
+	h, err := forward.New(target, opts...)
+	if err != nil {
+		return nil, nil, f.usageError("invalid --url: %v", strings.TrimPrefix(err.Error(), "forward: ")), false
+	}
+	secOpts, err := sec.kgoOpts()
+	if err != nil {
+		h.CloseIdleConnections()
+		return nil, nil, f.usageError("%v", err), false
+	}
+	return h, secOpts, 0, true
 }
 
 // attemptFlags are the failure-path flags that kpar forward and kpar

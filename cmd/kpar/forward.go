@@ -115,21 +115,10 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
-	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
+	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
-	if code, ok := fs.parse(args); !ok {
+	if code, ok := fs.parseArgs(args, "brokers", "url"); !ok {
 		return code
-	}
-
-	if fs.NArg() > 0 {
-		return fs.usageError("unexpected argument %q", fs.Arg(0))
-	}
-	for _, req := range []struct{ name, val string }{
-		{"brokers", *brokers}, {"url", *target},
-	} {
-		if strings.TrimSpace(req.val) == "" {
-			return fs.usageError("missing --%s (or %s)", req.name, envName(req.name))
-		}
 	}
 	share := strings.TrimSpace(*shareGroup) != ""
 	switch {
@@ -189,9 +178,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if len(retryDelays) > 0 && len(regexList) > 0 {
 		return fs.usageError("invalid --retry-topics: retry topics need named topics, not --topic-regex")
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fs.usageError("invalid --log-level %q: use debug, info, warn or error", *logLevel)
+	log, code, ok := fs.logger(*logLevel)
+	if !ok {
+		return code
 	}
 	sink, err := parseDeadLetters(*deadLetters)
 	if err != nil {
@@ -221,22 +210,17 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		}
 		fwdOpts = append(fwdOpts, forward.TLSConfig(&tls.Config{RootCAs: pool}))
 	}
-	h, err := forward.New(*target, fwdOpts...)
-	if err != nil {
-		return fs.usageError("invalid --url: %v", strings.TrimPrefix(err.Error(), "forward: "))
+	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
+	if !ok {
+		return code
 	}
 	defer h.CloseIdleConnections()
-	secOpts, err := sec.kgoOpts()
-	if err != nil {
-		return fs.usageError("%v", err)
-	}
 	if *metricsListen != "" {
 		if _, err := statusListenAddr(*metricsListen); err != nil {
 			return fs.usageError("invalid --metrics-listen: %v", strings.TrimPrefix(err.Error(), "status server: "))
 		}
 	}
 
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	fail := func(msg string, err error) int {
 		log.Error(msg, "err", err)
 		return 1
