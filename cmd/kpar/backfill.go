@@ -10,12 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/kpar/kpar"
-	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/forward"
-	"github.com/kpar/kpar/internal/kgolog"
 )
 
 // cmdBackfill POSTs every record of a fixed range of a topic to an HTTP
@@ -106,18 +102,13 @@ exits 1.`, stderr)
 	if sec.plainTextPassword() {
 		log.Warn("SASL PLAIN without TLS sends the password in clear text; add --tls or --tls-ca")
 	}
-	// Dead letters go through a producer client of their own, as in
-	// forward: each on the partition matching its original.
-	dlqClient, err := kgo.NewClient(append([]kgo.Opt{
-		kgo.SeedBrokers(seeds...),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.AllowAutoTopicCreation(),
-		kgo.WithLogger(kgolog.Logger{L: log.With("client", "dead-letters")}),
-	}, secOpts...)...)
+	// Dead letters go to forward's default sink, through a producer
+	// client of their own: each on the partition matching its original.
+	dl, closeSink, err := deadLetterSink{scheme: "kafka", topic: *dlqTopic}.open(ctx, seeds, secOpts, log)
 	if err != nil {
 		return fail("kpar backfill: creating the dead-letter client", err)
 	}
-	defer dlqClient.Close()
+	defer closeSink()
 
 	opts := []kpar.ConsumerOpt{
 		kpar.Brokers(seeds...),
@@ -125,7 +116,7 @@ exits 1.`, stderr)
 		kpar.Readers(*readers),
 		kpar.Concurrency(*concurrency),
 		kpar.CommitInterval(*progressInterval),
-		kpar.DeadLetters(deadletter.NewKafkaSink(dlqClient, deadletter.TopicName(*dlqTopic))),
+		kpar.DeadLetters(dl),
 		kpar.WithLogger(log),
 	}
 	opts = append(opts, att.opts()...)
