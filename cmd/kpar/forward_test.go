@@ -69,13 +69,12 @@ type endpoint struct {
 	srv    *httptest.Server
 	behave func(index, attempt int) reply
 
-	mu        sync.Mutex // guards the fields below
+	changes   // mu guards the fields below
 	attempts  map[int][]time.Time
 	ok        map[int]int // 2xx answers per index
 	first     []delivery  // first 2xx per index, in order
 	cancelled int         // requests whose client went away before the answer
 	bad       []string    // malformed requests
-	changed   chan struct{}
 }
 
 func newEndpoint(t *testing.T, behave func(index, attempt int) reply) *endpoint {
@@ -84,7 +83,6 @@ func newEndpoint(t *testing.T, behave func(index, attempt int) reply) *endpoint 
 		behave:   behave,
 		attempts: make(map[int][]time.Time),
 		ok:       make(map[int]int),
-		changed:  make(chan struct{}),
 	}
 	e.srv = httptest.NewServer(e)
 	t.Cleanup(e.srv.Close)
@@ -146,37 +144,20 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "record %d attempt %d: status %d\n", i, attempt, rp.status)
 }
 
-// note changes the state under the lock and wakes waiters.
-func (e *endpoint) note(fn func()) {
-	e.mu.Lock()
-	fn()
-	close(e.changed)
-	e.changed = make(chan struct{})
-	e.mu.Unlock()
-}
-
 // waitFor waits until cond, called with the lock held, is true. It fails the
 // test when ctx ends or the forwarder exits first.
 func (e *endpoint) waitFor(ctx context.Context, t *testing.T, p *process, what string, cond func() bool) {
 	t.Helper()
-	for {
-		e.mu.Lock()
-		ok, ch := cond(), e.changed
-		e.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-ch:
-		case <-p.exited:
-			t.Fatalf("kpar forward exited (%v) before %s; stderr:\n%s", p.waitErr, what, tail(p.stderr))
-		case <-ctx.Done():
-			e.mu.Lock()
-			n := e.delivered()
-			e.mu.Unlock()
-			t.Fatalf("waiting for %s: %v (%d records delivered so far); kpar forward stderr:\n%s", what, ctx.Err(), n, tail(p.stderr))
-		}
+	if e.await(ctx, p.exited, cond) {
+		return
 	}
+	if ctx.Err() == nil {
+		t.Fatalf("kpar forward exited (%v) before %s; stderr:\n%s", p.waitErr, what, tail(p.stderr))
+	}
+	e.mu.Lock()
+	n := e.delivered()
+	e.mu.Unlock()
+	t.Fatalf("waiting for %s: %v (%d records delivered so far); kpar forward stderr:\n%s", what, ctx.Err(), n, tail(p.stderr))
 }
 
 // delivered counts the indexes answered 2xx at least once. Lock held.
@@ -1019,42 +1000,78 @@ func TestForwardStopsBeforeConnecting(t *testing.T) {
 	}
 }
 
+// changes is state a test waits on without polling: mu guards it (and
+// the fields of the struct that embeds it); whoever changes it calls
+// changedLocked (or note), which wakes the waiters of await.
+type changes struct {
+	mu      sync.Mutex
+	changed chan struct{} // closed at the next change; nil while no one waits
+}
+
+// changedLocked wakes the waiters. Called with mu held.
+func (c *changes) changedLocked() {
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+}
+
+// note changes the state under the lock and wakes the waiters.
+func (c *changes) note(fn func()) {
+	c.mu.Lock()
+	fn()
+	c.changedLocked()
+	c.mu.Unlock()
+}
+
+// await waits until cond, called with mu held, is true (true), or until
+// stop closes or ctx ends (false).
+func (c *changes) await(ctx context.Context, stop <-chan struct{}, cond func() bool) bool {
+	for {
+		c.mu.Lock()
+		ok := cond()
+		if c.changed == nil {
+			c.changed = make(chan struct{})
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-stop:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // watchWriter collects output and lets a test wait for what it expects
 // without polling.
 type watchWriter struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer  // guarded by mu
-	changed chan struct{} // closed and replaced on every write; guarded by mu
+	changes
+	buf bytes.Buffer // guarded by mu
 }
 
-func newWatchWriter() *watchWriter { return &watchWriter{changed: make(chan struct{})} }
+func newWatchWriter() *watchWriter { return &watchWriter{} }
 
 func (w *watchWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	close(w.changed)
-	w.changed = make(chan struct{})
+	w.changedLocked()
 	return w.buf.Write(p)
 }
 
 // wait waits until the output contains s, or done or ctx ends first; it
 // reports whether s came.
 func (w *watchWriter) wait(ctx context.Context, s string, done <-chan struct{}) bool {
-	for {
-		w.mu.Lock()
-		ok, ch := strings.Contains(w.buf.String(), s), w.changed
-		w.mu.Unlock()
-		if ok {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-done:
-			return strings.Contains(w.String(), s)
-		case <-ctx.Done():
-			return false
-		}
+	has := func() bool { return strings.Contains(w.buf.String(), s) }
+	if w.await(ctx, done, has) {
+		return true
 	}
+	return ctx.Err() == nil && strings.Contains(w.String(), s)
 }
 
 func (w *watchWriter) String() string {
@@ -1087,7 +1104,6 @@ func newBatchEndpoint(t *testing.T, wantHeader http.Header, behave func(index, a
 		behave:   behave,
 		attempts: make(map[int][]time.Time),
 		ok:       make(map[int]int),
-		changed:  make(chan struct{}),
 	}
 	var sizes []int
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -1130,8 +1146,7 @@ func newBatchEndpoint(t *testing.T, wantHeader http.Header, behave func(index, a
 				e.ok[i]++
 			}
 		}
-		close(e.changed)
-		e.changed = make(chan struct{})
+		e.changedLocked()
 		e.mu.Unlock()
 		json.NewEncoder(w).Encode(statuses)
 	}))

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,17 +28,16 @@ type shareEndpoint struct {
 	srv    *httptest.Server
 	poison func(i int) bool
 
-	mu      sync.Mutex
+	changes                        // mu guards the fields below
 	seen    map[int]int            // requests per record index
 	ok      map[int]int            // 2xx answers per index
 	members map[string]map[int]int // member -> index -> requests
 	bFirst  chan struct{}          // closed at member b's first request
-	changed chan struct{}
 }
 
 func newShareEndpoint(t *testing.T, poison func(int) bool) *shareEndpoint {
 	e := &shareEndpoint{poison: poison, seen: map[int]int{}, ok: map[int]int{},
-		members: map[string]map[int]int{}, bFirst: make(chan struct{}), changed: make(chan struct{})}
+		members: map[string]map[int]int{}, bFirst: make(chan struct{})}
 	e.srv = httptest.NewServer(e)
 	t.Cleanup(e.srv.Close)
 	return e
@@ -89,31 +87,21 @@ func (e *shareEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if status == http.StatusOK {
 		e.ok[i]++
 	}
-	close(e.changed)
-	e.changed = make(chan struct{})
+	e.changedLocked()
 	e.mu.Unlock()
 	w.WriteHeader(status)
 }
 
 func (e *shareEndpoint) waitFor(ctx context.Context, t *testing.T, ps []*process, what string, cond func() bool) {
 	t.Helper()
-	for {
-		e.mu.Lock()
-		ok, ch := cond(), e.changed
-		e.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			var tails []string
-			for _, p := range ps {
-				tails = append(tails, tail(p.stderr))
-			}
-			t.Fatalf("waiting for %s: %v; kpar forward stderr:\n%s", what, ctx.Err(), strings.Join(tails, "\n----\n"))
-		}
+	if e.await(ctx, nil, cond) {
+		return
 	}
+	var tails []string
+	for _, p := range ps {
+		tails = append(tails, tail(p.stderr))
+	}
+	t.Fatalf("waiting for %s: %v; kpar forward stderr:\n%s", what, ctx.Err(), strings.Join(tails, "\n----\n"))
 }
 
 // TestForwardShareGroupSIGKILLLosesNothing: two `kpar forward --share-group`
