@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/internal/progress"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // startBackfill runs `kpar backfill args...` from the built binary.
@@ -138,12 +139,7 @@ func TestBackfillSIGKILLAndResumeLosesNothing(t *testing.T) {
 }
 
 func TestBackfillRejectsBadRangesAndFlags(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "bf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	addr := c.ListenAddrs()[0]
+	addr := testkit.Cluster(t, kfake.SeedTopics(2, "bf")).ListenAddrs()[0]
 	produceIndexed(t.Context(), t, "bf", 100, 2, kgo.SeedBrokers(addr), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
 	other := filepath.Join(t.TempDir(), "other.json")
 	if err := progress.Save(other, &progress.State{

@@ -42,6 +42,7 @@ import (
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/forward"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // ---- the HTTP endpoint the forwarder posts to ----
@@ -708,8 +709,7 @@ func secureCluster(t *testing.T) (addr, caFile string) {
 	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
+	c := testkit.Cluster(t,
 		kfake.EnableSASL(),
 		kfake.Superuser("PLAIN", "admin", "secret"),
 		kfake.Superuser("SCRAM-SHA-256", "admin", "secret"),
@@ -718,10 +718,6 @@ func secureCluster(t *testing.T) (addr, caFile string) {
 		kfake.AllowAutoTopicCreation(),
 		kfake.SeedTopics(2, "secure"),
 	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
 	return c.ListenAddrs()[0], caFile
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/testkit"
 	"github.com/kpar/kpar/kparprom"
 )
 
@@ -50,12 +51,7 @@ func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.Handle
 	// Registered first, so it runs after every other cleanup.
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "t"),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
+	cluster := testkit.Cluster(t, kfake.SeedTopics(partitions, "t"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 
 	if records > 0 {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
@@ -88,6 +84,13 @@ func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.Handle
 		t.Fatal(err)
 	}
 
+	return serveFixture(t, cluster, cons, m)
+}
+
+// serveFixture serves cons and m on a free port until the test ends (or
+// the fixture's stop), with a client for it.
+func serveFixture(t *testing.T, cluster *kfake.Cluster, cons *kpar.Consumer, m *kparprom.Metrics) *statusFixture {
+	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
 	addr, err := serveStatus(ctx, "127.0.0.1:0", cons, m)

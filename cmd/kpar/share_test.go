@@ -18,6 +18,7 @@ import (
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/testkit"
 	"github.com/kpar/kpar/kparprom"
 )
 
@@ -238,11 +239,7 @@ func TestForwardShareGroupFlagsAreExclusive(t *testing.T) {
 func TestServeStatusOfAShareGroupMember(t *testing.T) {
 	const records = 30
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
+	cluster := testkit.Cluster(t, kfake.SeedTopics(1, "t"))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	produceIndexed(ctx, t, "t", records, 3, kgo.SeedBrokers(cluster.ListenAddrs()...))
@@ -254,16 +251,7 @@ func TestServeStatusOfAShareGroupMember(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sctx, stopServer := context.WithCancel(context.Background())
-	t.Cleanup(stopServer)
-	addr, err := serveStatus(sctx, "127.0.0.1:0", cons, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	f := &statusFixture{cluster: cluster, cons: cons, metrics: m, stop: stopServer, base: "http://" + addr,
-		client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	f := serveFixture(t, cluster, cons, m)
 
 	if code, body := f.get(t, "/readyz"); code != http.StatusServiceUnavailable || body != "not ready: share group sg: consumer not running\n" {
 		t.Errorf("GET /readyz before Run = %d %q", code, body)
