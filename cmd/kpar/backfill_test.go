@@ -32,9 +32,7 @@ func startBackfill(ctx context.Context, t *testing.T, bin string, stdout io.Writ
 // and the second run starts each slice exactly at its saved progress.
 func TestBackfillSIGKILLAndResumeLosesNothing(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, 2*time.Minute)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "1")
 	const topic, n, from, to, readers, window = "range", 20_000, 5_000, 15_000, 4, 1_000
 	produceIndexed(ctx, t, topic, n, 10, kgo.SeedBrokers(addr)) // value = index = offset

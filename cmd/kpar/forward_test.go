@@ -174,6 +174,16 @@ type process struct {
 	waitErr error // set before exited closes
 }
 
+// e2e is how an end-to-end test starts (after t.Parallel): it builds
+// kpar and bounds the test to d.
+func e2e(t *testing.T, d time.Duration) (bin string, ctx context.Context) {
+	t.Helper()
+	bin = buildKpar(t)
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return bin, ctx
+}
+
 // startForward runs `kpar forward args...` with extra environment entries.
 // The process is killed at the end of the test if still running.
 func startForward(ctx context.Context, t *testing.T, bin string, env []string, args ...string) *process {
@@ -358,9 +368,7 @@ func mixedBehaviour(i, attempt int) reply {
 
 func TestForwardDeliversOrDeadLetters(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, 2*time.Minute)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "4")
 
 	const topic, group, n, keys = "orders", "forwarder", 300, 20
@@ -476,9 +484,7 @@ func headerValue(r *kgo.Record, key string) string {
 // must be committed, and the exit code must be 0.
 func TestForwardSIGTERMDrainsInFlightRequests(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, 2*time.Minute)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "4")
 
 	const topic, group, n = "drain", "drainer", 100
@@ -563,9 +569,7 @@ func TestForwardSIGTERMDrainsInFlightRequests(t *testing.T) {
 // everything is committed.
 func TestForwardSIGKILLAndRestartLosesNothing(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, 2*time.Minute)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "4")
 
 	const topic, group, n, keys, before = "crash", "survivor", 300, 30, 150
@@ -723,9 +727,7 @@ func secureCluster(t *testing.T) (addr, caFile string) {
 
 func TestForwardOverTLSAndSASL(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, time.Minute)
 	addr, caFile := secureCluster(t)
 
 	pool := x509.NewCertPool()
@@ -1157,9 +1159,7 @@ func newBatchEndpoint(t *testing.T, wantHeader http.Header, behave func(index, a
 // per key and partition, and each key's records succeed in order.
 func TestForwardBatchesToAFileSink(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
+	bin, ctx := e2e(t, 20*time.Second)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "3")
 
 	const group, n, keys = "batcher", 200, 12
@@ -1255,9 +1255,7 @@ func TestForwardBatchesToAFileSink(t *testing.T) {
 // and tracestate, the second is marked Kpar-Tombstone.
 func TestForwardSendsTraceContextOverPrivateTLS(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, time.Minute)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "1")
 
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -1368,9 +1366,7 @@ func TestForwardParseDeadLetters(t *testing.T) {
 // log summarises the outage instead of a line per attempt.
 func TestForwardOutageDeadLettersNothing(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, 2*time.Minute)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "3")
 	const n = 60
 	produceIndexed(ctx, t, "orders", n, 6, kgo.SeedBrokers(addr))

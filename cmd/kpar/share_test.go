@@ -111,9 +111,7 @@ func (e *shareEndpoint) waitFor(ctx context.Context, t *testing.T, ps []*process
 // records it answers 400 are in the dead-letter topic with kpar's headers.
 func TestForwardShareGroupSIGKILLLosesNothing(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, 2*time.Minute)
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "1", "--share-lock-duration", "1s")
 
 	const topic, n, keys = "shared", 400, 40
@@ -204,9 +202,7 @@ func countAbove(m map[int]int, n int) int {
 // and the options a share group cannot keep, each with a usage error.
 func TestForwardShareGroupFlagsAreExclusive(t *testing.T) {
 	t.Parallel()
-	bin := buildKpar(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
+	bin, ctx := e2e(t, time.Minute)
 	base := []string{"--brokers", "127.0.0.1:1", "--topic", "t", "--url", "http://127.0.0.1:1/", "--share-group", "sg"}
 	for _, tc := range []struct {
 		extra []string
