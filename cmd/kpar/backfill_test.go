@@ -42,13 +42,7 @@ func TestBackfillSIGKILLAndResumeLosesNothing(t *testing.T) {
 	// its window is full. Those are what a kill makes the next run repeat.
 	slice := int64((to - from) / readers)
 	stuck := func(i int) bool { return i >= from && i < to && int64(i-from)%slice == window }
-	gate := make(chan struct{})
-	ep := newEndpoint(t, func(i, attempt int) reply {
-		select {
-		case <-gate:
-			return reply{}
-		default:
-		}
+	ep, open := newGatedEndpoint(t, func(i, attempt int) reply {
 		if stuck(i) {
 			return reply{hang: true}
 		}
@@ -91,7 +85,7 @@ func TestBackfillSIGKILLAndResumeLosesNothing(t *testing.T) {
 		before[i] = c
 	}
 	ep.mu.Unlock()
-	close(gate)
+	open()
 
 	var stdout bytes.Buffer
 	p = startBackfill(ctx, t, bin, &stdout, args...)

@@ -90,6 +90,22 @@ func newEndpoint(t *testing.T, behave func(index, attempt int) reply) *endpoint 
 	return e
 }
 
+// newGatedEndpoint is newEndpoint answering as behave says until open is
+// called, and 2xx from then on.
+func newGatedEndpoint(t *testing.T, behave func(index, attempt int) reply) (ep *endpoint, open func()) {
+	t.Helper()
+	gate := make(chan struct{})
+	ep = newEndpoint(t, func(i, attempt int) reply {
+		select {
+		case <-gate:
+			return reply{}
+		default:
+		}
+		return behave(i, attempt)
+	})
+	return ep, func() { close(gate) }
+}
+
 func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	i, err := strconv.Atoi(string(body))
@@ -579,13 +595,7 @@ func TestForwardSIGKILLAndRestartLosesNothing(t *testing.T) {
 	// happens with requests in flight and records unfinished. Indexes grow
 	// with offsets in each partition, so the commit point of a partition
 	// stops at its first held record.
-	gate := make(chan struct{})
-	ep := newEndpoint(t, func(i, attempt int) reply {
-		select {
-		case <-gate:
-			return reply{}
-		default:
-		}
+	ep, open := newGatedEndpoint(t, func(i, attempt int) reply {
 		if i < before {
 			return reply{delay: time.Duration(i%3) * 5 * time.Millisecond}
 		}
@@ -611,7 +621,7 @@ func TestForwardSIGKILLAndRestartLosesNothing(t *testing.T) {
 		t.Errorf("%d records delivered before the kill, want exactly the %d not held", d, before)
 	}
 	ep.mu.Unlock()
-	close(gate)
+	open()
 
 	p = startForward(ctx, t, bin, nil, args...)
 	ep.waitFor(ctx, t, p, "every record delivered", func() bool { return ep.delivered() == n })
