@@ -103,6 +103,43 @@ func waitHandled(t *testing.T, l *startLog, n int, limit time.Duration) time.Dur
 	return time.Since(start)
 }
 
+// runVirtual runs a consumer of topic on a virtual cluster with h and
+// opts (on top of virtualOpts) until the test ends or stop is called.
+func runVirtual(t *testing.T, c *kfake.Cluster, dial kgo.Opt, topic string, h Handler, opts ...ConsumerOpt) (cons *Consumer, stop func() error) {
+	t.Helper()
+	cons, err := New(h, append(virtualOpts(c, dial, topic), opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons, runConsumer(t, cons)
+}
+
+// hotAndCold are the keys of 2n records: key hot every other record,
+// between them cold0, cold1, ... each once.
+func hotAndCold(n int) []string {
+	var keys []string
+	for i := range n {
+		keys = append(keys, "hot", fmt.Sprint("cold", i))
+	}
+	return keys
+}
+
+// checkHotSpaced fails the test unless the hot key started n times, each
+// start at least 99ms after the one before (its limit is 10 a second).
+func checkHotSpaced(t *testing.T, l *startLog, n int) []time.Time {
+	t.Helper()
+	hot := l.byKey["hot"]
+	if len(hot) != n {
+		t.Fatalf("hot key started %d times, want %d (no retries)", len(hot), n)
+	}
+	for i := 1; i < len(hot); i++ {
+		if gap := hot[i].Sub(hot[i-1]); gap < 99*time.Millisecond {
+			t.Fatalf("hot key starts %d and %d %v apart, want 100ms (10 a second)", i-1, i, gap)
+		}
+	}
+	return hot
+}
+
 // maxInWindow is the most starts within any window of d.
 func maxInWindow(ts []time.Time, d time.Duration) int {
 	ts = slices.Clone(ts)
@@ -140,11 +177,7 @@ func TestRateLimitSpacesStarts(t *testing.T) {
 			l.success(r)
 			return nil
 		})
-		cons, err := New(h, append(virtualOpts(c, dial, "rate"), Ordering(Unordered), RateLimit(100, 10))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stop := runConsumer(t, cons)
+		cons, stop := runVirtual(t, c, dial, "rate", h, Ordering(Unordered), RateLimit(100, 10))
 		waitHandled(t, l, 300, time.Minute)
 		if err := stop(); err != nil {
 			t.Fatal(err)
@@ -176,22 +209,14 @@ func TestRateLimitSpacesStarts(t *testing.T) {
 func TestKeyRateLimitHoldsOnlyItsKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, dial := virtualCluster(t, "keys", 1)
-		var keys []string
-		for i := range 20 {
-			keys = append(keys, "hot", fmt.Sprint("cold", i))
-		}
-		produceKeys(t, c, dial, "keys", keys)
+		produceKeys(t, c, dial, "keys", hotAndCold(20))
 		l := newStartLog()
 		h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 			l.start(r)
 			l.success(r)
 			return nil
 		})
-		cons, err := New(h, append(virtualOpts(c, dial, "keys"), Ordering(ByKey), KeyRateLimit(10, 1))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stop := runConsumer(t, cons)
+		cons, stop := runVirtual(t, c, dial, "keys", h, Ordering(ByKey), KeyRateLimit(10, 1))
 		took := waitHandled(t, l, 40, time.Minute)
 		if lim := cons.RateLimits(); lim.KeyPerSecond != 10 || lim.KeyBurst != 1 || lim.Keys < 1 || lim.Keys > keyBuckets {
 			t.Errorf("RateLimits %+v, want key rate 10, burst 1, 1 or more keys", lim)
@@ -201,15 +226,7 @@ func TestKeyRateLimitHoldsOnlyItsKey(t *testing.T) {
 		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		hot := l.byKey["hot"]
-		if len(hot) != 20 {
-			t.Fatalf("hot key started %d times, want 20 (no retries)", len(hot))
-		}
-		for i := 1; i < len(hot); i++ {
-			if gap := hot[i].Sub(hot[i-1]); gap < 100*time.Millisecond-time.Millisecond {
-				t.Fatalf("hot key starts %d and %d %v apart, want 100ms (10 a second)", i-1, i, gap)
-			}
-		}
+		hot := checkHotSpaced(t, l, 20)
 		if !slices.IsSortedFunc(l.values["hot"], func(a, b string) int {
 			x, _ := strconv.Atoi(a)
 			y, _ := strconv.Atoi(b)
@@ -281,13 +298,8 @@ func TestOutageDeadLettersNothing(t *testing.T) {
 		})
 		logs := &countLevels{n: map[slog.Level]int{}, msgs: map[string]int{}}
 		sink := &memSink{}
-		opts := append(virtualOpts(c, dial, "outage"), DeadLetters(sink), WithLogger(slog.New(logs)),
+		_, stop := runVirtual(t, c, dial, "outage", h, DeadLetters(sink), WithLogger(slog.New(logs)),
 			RetryBackoff(100*time.Millisecond, 10*time.Second), MaxAttempts(3))
-		cons, err := New(h, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stop := runConsumer(t, cons)
 		waitHandled(t, l, n, 2*time.Minute)
 		if err := stop(); err != nil {
 			t.Fatal(err)
@@ -363,11 +375,7 @@ func TestKeyRateLimitOtherOrders(t *testing.T) {
 		t.Run(o.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				c, dial := virtualCluster(t, "orders", 1)
-				var keys []string
-				for i := range 10 {
-					keys = append(keys, "hot", fmt.Sprint("cold", i))
-				}
-				produceKeys(t, c, dial, "orders", keys)
+				produceKeys(t, c, dial, "orders", hotAndCold(10))
 				l := newStartLog()
 				var mu sync.Mutex
 				var offsets []int64
@@ -379,26 +387,14 @@ func TestKeyRateLimitOtherOrders(t *testing.T) {
 					l.success(r)
 					return nil
 				})
-				cons, err := New(h, append(virtualOpts(c, dial, "orders"), Ordering(o), KeyRateLimit(10, 1))...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				stop := runConsumer(t, cons)
+				_, stop := runVirtual(t, c, dial, "orders", h, Ordering(o), KeyRateLimit(10, 1))
 				waitHandled(t, l, 20, time.Minute)
 				if err := stop(); err != nil {
 					t.Fatal(err)
 				}
 				l.mu.Lock()
 				defer l.mu.Unlock()
-				hot := l.byKey["hot"]
-				if len(hot) != 10 {
-					t.Fatalf("hot key started %d times, want 10", len(hot))
-				}
-				for i := 1; i < len(hot); i++ {
-					if gap := hot[i].Sub(hot[i-1]); gap < 99*time.Millisecond {
-						t.Fatalf("hot key starts %d and %d %v apart, want 100ms", i-1, i, gap)
-					}
-				}
+				checkHotSpaced(t, l, 10)
 				mu.Lock()
 				defer mu.Unlock()
 				if o == ByPartition && !slices.IsSorted(offsets) {
