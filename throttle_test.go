@@ -114,6 +114,18 @@ func runVirtual(t *testing.T, c *kfake.Cluster, dial kgo.Opt, topic string, h Ha
 	return cons, runConsumer(t, cons)
 }
 
+// handleVirtual runs a consumer as runVirtual does until l has n records
+// handled (within limit, in virtual time), then stops it.
+func handleVirtual(t *testing.T, c *kfake.Cluster, dial kgo.Opt, topic string, l *startLog, n int, limit time.Duration, h Handler, opts ...ConsumerOpt) *Consumer {
+	t.Helper()
+	cons, stop := runVirtual(t, c, dial, topic, h, opts...)
+	waitHandled(t, l, n, limit)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	return cons
+}
+
 // hotAndCold are the keys of 2n records: key hot every other record,
 // between them cold0, cold1, ... each once.
 func hotAndCold(n int) []string {
@@ -177,11 +189,7 @@ func TestRateLimitSpacesStarts(t *testing.T) {
 			l.success(r)
 			return nil
 		})
-		cons, stop := runVirtual(t, c, dial, "rate", h, Ordering(Unordered), RateLimit(100, 10))
-		waitHandled(t, l, 300, time.Minute)
-		if err := stop(); err != nil {
-			t.Fatal(err)
-		}
+		cons := handleVirtual(t, c, dial, "rate", l, 300, time.Minute, h, Ordering(Unordered), RateLimit(100, 10))
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		starts := len(l.starts)
@@ -298,12 +306,8 @@ func TestOutageDeadLettersNothing(t *testing.T) {
 		})
 		logs := &countLevels{n: map[slog.Level]int{}, msgs: map[string]int{}}
 		sink := &memSink{}
-		_, stop := runVirtual(t, c, dial, "outage", h, DeadLetters(sink), WithLogger(slog.New(logs)),
+		handleVirtual(t, c, dial, "outage", l, n, 2*time.Minute, h, DeadLetters(sink), WithLogger(slog.New(logs)),
 			RetryBackoff(100*time.Millisecond, 10*time.Second), MaxAttempts(3))
-		waitHandled(t, l, n, 2*time.Minute)
-		if err := stop(); err != nil {
-			t.Fatal(err)
-		}
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
 		if len(sink.letters) != 0 {
@@ -387,11 +391,7 @@ func TestKeyRateLimitOtherOrders(t *testing.T) {
 					l.success(r)
 					return nil
 				})
-				_, stop := runVirtual(t, c, dial, "orders", h, Ordering(o), KeyRateLimit(10, 1))
-				waitHandled(t, l, 20, time.Minute)
-				if err := stop(); err != nil {
-					t.Fatal(err)
-				}
+				handleVirtual(t, c, dial, "orders", l, 20, time.Minute, h, Ordering(o), KeyRateLimit(10, 1))
 				l.mu.Lock()
 				defer l.mu.Unlock()
 				checkHotSpaced(t, l, 10)
