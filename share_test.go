@@ -48,6 +48,17 @@ func shareOpts(c *kfake.Cluster, group, topic string) []ConsumerOpt {
 	return append(opts, ShareGroup(group), ClientOptions(kgo.FetchMaxWait(50*time.Millisecond)))
 }
 
+// runShare runs a member of share group sg on topic with h and opts (on
+// top of shareOpts) until the test ends or stop is called.
+func runShare(t *testing.T, c *kfake.Cluster, topic string, h Handler, opts ...ConsumerOpt) (cons *Consumer, stop func() error) {
+	t.Helper()
+	cons, err := New(h, append(shareOpts(c, "sg", topic), opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons, runConsumer(t, cons)
+}
+
 // shareStats waits for c's share stats to satisfy ok, failing after d.
 func awaitShareStats(t *testing.T, c *Consumer, d time.Duration, what string, ok func(ShareStats) bool) ShareStats {
 	t.Helper()
@@ -161,11 +172,7 @@ func TestShareTwoMembersShareOnePartition(t *testing.T) {
 		})
 	}
 	for i := range 2 {
-		cons, err := New(handler(i), append(shareOpts(c, "sg", topic), Concurrency(4))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runConsumer(t, cons)
+		runShare(t, c, topic, handler(i), Concurrency(4))
 	}
 	waitFor(t, bothGot, 20*time.Second, "both members to receive records")
 	waitFor(t, l.done, 30*time.Second, "every record handled")
@@ -186,7 +193,7 @@ func TestShareRetriesLocallyThenAccepts(t *testing.T) {
 	l := newLedger(n)
 	var mu sync.Mutex
 	attempts := map[int64]int{}
-	cons, err := New(HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+	cons, stop := runShare(t, c, topic, HandlerFunc(func(_ context.Context, r *kgo.Record) error {
 		mu.Lock()
 		attempts[r.Offset]++
 		a := attempts[r.Offset]
@@ -199,11 +206,7 @@ func TestShareRetriesLocallyThenAccepts(t *testing.T) {
 		}
 		l.success(r)
 		return nil
-	}), append(shareOpts(c, "sg", topic), MaxAttempts(3))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	}), MaxAttempts(3))
 	waitFor(t, l.done, 20*time.Second, "every record handled")
 	st := awaitShareStats(t, cons, 10*time.Second, "all accepted", func(s ShareStats) bool { return s.Accepted == n })
 	if err := stop(); err != nil {
@@ -286,13 +289,9 @@ func TestShareSinkFailureDoesNotAccept(t *testing.T) {
 
 	hook := new(deadFailedHook)
 	sink := sinkFunc(func(context.Context, []deadletter.Letter) error { return errors.New("sink down") })
-	cons, err := New(HandlerFunc(func(context.Context, *kgo.Record) error {
+	cons, stop := runShare(t, c, topic, HandlerFunc(func(context.Context, *kgo.Record) error {
 		return Permanent(errors.New("bad schema"))
-	}), append(shareOpts(c, "sg", topic), DeadLetters(sink), WithHooks(hook), ShutdownTimeout(500*time.Millisecond))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	}), DeadLetters(sink), WithHooks(hook), ShutdownTimeout(500*time.Millisecond))
 	awaitShareStats(t, cons, 20*time.Second, "a failed sink write", func(ShareStats) bool { return hook.n.Load() >= 2 })
 	st, _ := cons.ShareStats()
 	if st.Accepted != 0 || st.Acquired != 1 {
@@ -377,15 +376,11 @@ func TestShareRenewsTheLockOfALongHandler(t *testing.T) {
 
 	started := make(chan struct{})
 	release := make(chan struct{})
-	cons, err := New(HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+	cons, stop := runShare(t, c, topic, HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 		close(started)
 		<-release
 		return nil
-	}), shareOpts(c, "sg", topic)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	}))
 	waitFor(t, started, 20*time.Second, "the record to start")
 	// Another member polls for two and a half lock durations: it must
 	// get nothing.
@@ -422,13 +417,9 @@ func TestShareLastDeliveryStillReachesTheSink(t *testing.T) {
 	rawShareRecords(t, c, "sg", topic, func(*kgo.Record) (kgo.AckStatus, bool) { return kgo.AckRelease, false })
 
 	sink := new(memSink)
-	cons, err := New(HandlerFunc(func(context.Context, *kgo.Record) error {
+	cons, stop := runShare(t, c, topic, HandlerFunc(func(context.Context, *kgo.Record) error {
 		return errors.New("still failing")
-	}), append(shareOpts(c, "sg", topic), DeadLetters(sink), MaxAttempts(3))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	}), DeadLetters(sink), MaxAttempts(3))
 	st := awaitShareStats(t, cons, 20*time.Second, "the dead letter", func(s ShareStats) bool { return s.DeadLettered == 1 })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -436,10 +427,17 @@ func TestShareLastDeliveryStillReachesTheSink(t *testing.T) {
 	if st.MaxDeliveryCount != 2 || st.DeliveryLimit != 2 || st.Released != 0 {
 		t.Fatalf("stats %+v: want delivery 2 of limit 2, nothing released", st)
 	}
+	wantOneLetter(t, sink, deadletter.ClassExhausted, 3)
+}
+
+// wantOneLetter fails the test unless sink holds one letter, of class
+// after attempts attempts.
+func wantOneLetter(t *testing.T, sink *memSink, class deadletter.Class, attempts int) {
+	t.Helper()
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
-	if len(sink.letters) != 1 || sink.letters[0].Class != deadletter.ClassExhausted || sink.letters[0].Attempts != 3 {
-		t.Fatalf("letters %+v: want one exhausted letter after 3 attempts", sink.letters)
+	if len(sink.letters) != 1 || sink.letters[0].Class != class || sink.letters[0].Attempts != attempts {
+		t.Fatalf("letters %+v: want one %s letter after %d attempts", sink.letters, class, attempts)
 	}
 }
 
@@ -452,23 +450,15 @@ func TestShareAttemptTimeoutCancelsTheHandler(t *testing.T) {
 	produce(t, c, topic, 1, 1)
 
 	sink := new(memSink)
-	cons, err := New(HandlerFunc(func(ctx context.Context, _ *kgo.Record) error {
+	cons, stop := runShare(t, c, topic, HandlerFunc(func(ctx context.Context, _ *kgo.Record) error {
 		<-ctx.Done()
 		return ctx.Err()
-	}), append(shareOpts(c, "sg", topic), DeadLetters(sink), MaxAttempts(2), AttemptTimeout(50*time.Millisecond))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	}), DeadLetters(sink), MaxAttempts(2), AttemptTimeout(50*time.Millisecond))
 	awaitShareStats(t, cons, 20*time.Second, "the dead letter", func(s ShareStats) bool { return s.DeadLettered == 1 })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	sink.mu.Lock()
-	defer sink.mu.Unlock()
-	if len(sink.letters) != 1 || sink.letters[0].Class != deadletter.ClassTimeout || sink.letters[0].Attempts != 2 {
-		t.Fatalf("letters %+v: want one timeout letter after 2 attempts", sink.letters)
-	}
+	wantOneLetter(t, sink, deadletter.ClassTimeout, 2)
 }
 
 // TestShareByKeyRunsOneRecordPerKeyAtATime: in ByKey mode a member never
@@ -483,7 +473,7 @@ func TestShareByKeyRunsOneRecordPerKeyAtATime(t *testing.T) {
 	var mu sync.Mutex
 	running := map[string]int{}
 	last := map[string]int64{}
-	cons, err := New(HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+	_, stop := runShare(t, c, topic, HandlerFunc(func(_ context.Context, r *kgo.Record) error {
 		k := string(r.Key)
 		mu.Lock()
 		running[k]++
@@ -501,11 +491,7 @@ func TestShareByKeyRunsOneRecordPerKeyAtATime(t *testing.T) {
 		mu.Unlock()
 		l.success(r)
 		return nil
-	}), append(shareOpts(c, "sg", topic), Concurrency(16))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	}), Concurrency(16))
 	waitFor(t, l.done, 20*time.Second, "every record handled")
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -594,7 +580,7 @@ func TestShareShutdownFinishesRecordsOnTheirLastDelivery(t *testing.T) {
 // newBareShareRun is a share runner with workers but no share consumer: a
 // plain client (made outside any synctest bubble) stands in, on which
 // acknowledgements are no-ops. push feeds it records as a poll would.
-func newBareShareRun(t *testing.T, h Handler, opts ...ConsumerOpt) (*shareRun, *kgo.Client) {
+func newBareShareRun(t *testing.T, h Handler, opts ...ConsumerOpt) *shareRun {
 	t.Helper()
 	cons, err := New(h, append([]ConsumerOpt{Brokers("127.0.0.1:1"), Topics("t"), ShareGroup("sg"),
 		WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
@@ -606,10 +592,17 @@ func newBareShareRun(t *testing.T, h Handler, opts ...ConsumerOpt) (*shareRun, *
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return newShareRun(cons), cl
+	s := newShareRun(cons)
+	s.cl = cl
+	return s
 }
 
-func fetchesOf(recs ...*kgo.Record) kgo.Fetches {
+// fetchesOfKey is a poll of records of key at offsets of partition t/0.
+func fetchesOfKey(key string, offsets ...int64) kgo.Fetches {
+	var recs []*kgo.Record
+	for _, o := range offsets {
+		recs = append(recs, &kgo.Record{Topic: "t", Key: []byte(key), Offset: o})
+	}
 	return kgo.Fetches{{Topics: []kgo.FetchTopic{{Topic: "t", Partitions: []kgo.FetchPartition{{Partition: 0, Records: recs}}}}}}
 }
 
@@ -623,9 +616,7 @@ func startWorkers(s *shareRun) (stop func()) {
 	return func() {
 		s.mu.Lock()
 		s.stop = true
-		for _, tm := range s.timers {
-			tm.Stop()
-		}
+		stopTimers(s.timers)
 		s.cond.Broadcast()
 		s.mu.Unlock()
 		cancel()
@@ -648,12 +639,11 @@ func TestShareRetryWaitsItsBackoffWhileHeld(t *testing.T) {
 		}
 		return nil
 	})
-	s, cl := newBareShareRun(t, h, Concurrency(2))
+	s := newBareShareRun(t, h, Concurrency(2))
 	synctest.Test(t, func(t *testing.T) {
-		s.cl = cl
 		stop := startWorkers(s)
 		defer stop()
-		s.push(fetchesOf(&kgo.Record{Topic: "t", Key: []byte("k"), Offset: 0}, &kgo.Record{Topic: "t", Key: []byte("k"), Offset: 1}))
+		s.push(fetchesOfKey("k", 0, 1))
 		synctest.Wait()
 		check := func(when string, a0, a1, acquired, retrying int, accepted int64) {
 			t.Helper()
@@ -685,12 +675,11 @@ func TestShareShutdownReleasesRetriesAndQueuedRecords(t *testing.T) {
 		runs.Add(1)
 		return RetryAfter(errors.New("busy"), time.Minute)
 	})
-	s, cl := newBareShareRun(t, h, Concurrency(2))
+	s := newBareShareRun(t, h, Concurrency(2))
 	synctest.Test(t, func(t *testing.T) {
-		s.cl = cl
 		stop := startWorkers(s)
 		defer stop()
-		s.push(fetchesOf(&kgo.Record{Topic: "t", Key: []byte("k"), Offset: 0}, &kgo.Record{Topic: "t", Key: []byte("k"), Offset: 1}))
+		s.push(fetchesOfKey("k", 0, 1))
 		synctest.Wait()
 		s.mu.Lock()
 		s.closing = true
