@@ -320,34 +320,17 @@ func TestShareShutdownReleasesWhatDidNotStart(t *testing.T) {
 	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
 	produce(t, c, topic, n, 1) // one key: one record runs at a time
 
-	started := make(chan struct{})
-	proceed := make(chan struct{})
-	var handled atomic.Int64
-	cons, err := New(HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-		if handled.Load() == 0 {
-			close(started)
-			<-proceed
-		}
-		handled.Add(1)
-		return nil
-	}), append(shareOpts(c, "sg", topic), Concurrency(1))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cons.Run(ctx) }()
-	waitFor(t, started, 20*time.Second, "the first record to start")
+	cons, h, cancel, done := runHoldingFirst(t, c, topic, Concurrency(1))
 	held, _ := cons.ShareStats()
 	cancel()
 	awaitShareStats(t, cons, 10*time.Second, "the queued records released", func(s ShareStats) bool { return s.Released == int64(held.Acquired-1) })
-	close(proceed)
+	close(h.proceed)
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	st, _ := cons.ShareStats()
-	if handled.Load() != 1 || st.Accepted != 1 {
-		t.Fatalf("handled %d, stats %+v: want the running record finished and accepted, nothing else started", handled.Load(), st)
+	if h.handled.Load() != 1 || st.Accepted != 1 {
+		t.Fatalf("handled %d, stats %+v: want the running record finished and accepted, nothing else started", h.handled.Load(), st)
 	}
 	seen := map[int64]bool{}
 	rawShareRecords(t, c, "sg", topic, func(r *kgo.Record) (kgo.AckStatus, bool) {
@@ -548,33 +531,50 @@ func TestShareShutdownFinishesRecordsOnTheirLastDelivery(t *testing.T) {
 		return kgo.AckRelease, released < n
 	})
 
-	started := make(chan struct{})
-	proceed := make(chan struct{})
-	var handled atomic.Int64
-	cons, err := New(HandlerFunc(func(context.Context, *kgo.Record) error {
-		if handled.Load() == 0 {
-			close(started)
-			<-proceed
-		}
-		handled.Add(1)
-		return nil
-	}), append(shareOpts(c, "sg", topic), Concurrency(2))...) // a poll of 4 takes all 3
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cons.Run(ctx) }()
-	waitFor(t, started, 20*time.Second, "the first record to start")
+	cons, h, cancel, done := runHoldingFirst(t, c, topic, Concurrency(2)) // a poll of 4 takes all 3
 	cancel()
-	close(proceed)
+	close(h.proceed)
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	st, _ := cons.ShareStats()
-	if handled.Load() != n || st.Accepted != n || st.Released != 0 || st.MaxDeliveryCount != 2 {
-		t.Fatalf("handled %d, stats %+v: want all %d records on their last delivery handled and accepted, none released", handled.Load(), st, n)
+	if h.handled.Load() != n || st.Accepted != n || st.Released != 0 || st.MaxDeliveryCount != 2 {
+		t.Fatalf("handled %d, stats %+v: want all %d records on their last delivery handled and accepted, none released", h.handled.Load(), st, n)
 	}
+}
+
+// holdFirst is the handler of the shutdown tests: it holds the first
+// record it gets until proceed is closed (started closes as it begins),
+// and counts the records handled.
+type holdFirst struct {
+	started, proceed chan struct{}
+	handled          atomic.Int64
+}
+
+func (h *holdFirst) Handle(context.Context, *kgo.Record) error {
+	if h.handled.Load() == 0 {
+		close(h.started)
+		<-h.proceed
+	}
+	h.handled.Add(1)
+	return nil
+}
+
+// runHoldingFirst runs a member of sg on topic with a holdFirst handler
+// and opts, and returns once the first record started: cancel begins the
+// shutdown, done receives Run's error.
+func runHoldingFirst(t *testing.T, c *kfake.Cluster, topic string, opts ...ConsumerOpt) (cons *Consumer, h *holdFirst, cancel func(), done <-chan error) {
+	t.Helper()
+	h = &holdFirst{started: make(chan struct{}), proceed: make(chan struct{})}
+	cons, err := New(h, append(shareOpts(c, "sg", topic), opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- cons.Run(ctx) }()
+	waitFor(t, h.started, 20*time.Second, "the first record to start")
+	return cons, h, cancel, ran
 }
 
 // newBareShareRun is a share runner with workers but no share consumer: a
