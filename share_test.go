@@ -624,6 +624,21 @@ func startWorkers(s *shareRun) (stop func()) {
 	}
 }
 
+// twoOfAKeyInVirtualTime runs body in a synctest bubble, on a bare
+// runner of h with two workers once it took records 0 and 1 of key k and
+// every goroutine of the bubble is blocked.
+func twoOfAKeyInVirtualTime(t *testing.T, h Handler, body func(t *testing.T, s *shareRun)) {
+	t.Helper()
+	s := newBareShareRun(t, h, Concurrency(2))
+	synctest.Test(t, func(t *testing.T) {
+		stop := startWorkers(s)
+		defer stop()
+		s.push(fetchesOfKey("k", 0, 1))
+		synctest.Wait()
+		body(t, s)
+	})
+}
+
 // TestShareRetryWaitsItsBackoffWhileHeld, in virtual time: a failed record
 // stays held (not released) for its backoff, the next record of its key
 // waits behind it, and both are accepted once it succeeds.
@@ -639,12 +654,7 @@ func TestShareRetryWaitsItsBackoffWhileHeld(t *testing.T) {
 		}
 		return nil
 	})
-	s := newBareShareRun(t, h, Concurrency(2))
-	synctest.Test(t, func(t *testing.T) {
-		stop := startWorkers(s)
-		defer stop()
-		s.push(fetchesOfKey("k", 0, 1))
-		synctest.Wait()
+	twoOfAKeyInVirtualTime(t, h, func(t *testing.T, s *shareRun) {
 		check := func(when string, a0, a1, acquired, retrying int, accepted int64) {
 			t.Helper()
 			mu.Lock()
@@ -675,12 +685,7 @@ func TestShareShutdownReleasesRetriesAndQueuedRecords(t *testing.T) {
 		runs.Add(1)
 		return RetryAfter(errors.New("busy"), time.Minute)
 	})
-	s := newBareShareRun(t, h, Concurrency(2))
-	synctest.Test(t, func(t *testing.T) {
-		stop := startWorkers(s)
-		defer stop()
-		s.push(fetchesOfKey("k", 0, 1))
-		synctest.Wait()
+	twoOfAKeyInVirtualTime(t, h, func(t *testing.T, s *shareRun) {
 		s.mu.Lock()
 		s.closing = true
 		release := s.unstartedLocked()
