@@ -34,8 +34,9 @@ func spawnTestChild(ctx context.Context) *exec.Cmd {
 	return cmd
 }
 
-func TestRunSmallNoop(t *testing.T) {
-	cfg := Config{Scenarios: []string{Noop}, Contenders: []string{Raw, NaivePool, KparUnordered}, Records: 3000}
+// runSmall runs cfg, its progress on stderr with -v.
+func runSmall(t *testing.T, cfg Config) *Report {
+	t.Helper()
 	if testing.Verbose() {
 		cfg.Progress = os.Stderr
 	}
@@ -43,6 +44,12 @@ func TestRunSmallNoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rep
+}
+
+func TestRunSmallNoop(t *testing.T) {
+	cfg := Config{Scenarios: []string{Noop}, Contenders: []string{Raw, NaivePool, KparUnordered}, Records: 3000}
+	rep := runSmall(t, cfg)
 	if len(rep.Results) != 3 {
 		t.Fatalf("%d results, want 3", len(rep.Results))
 	}
@@ -62,13 +69,7 @@ func TestRunSmallNoop(t *testing.T) {
 func TestRunSmallShare(t *testing.T) {
 	cfg := Config{Scenarios: []string{Share}, Contenders: []string{KparUnordered, Backfill2, KparShare, RawShare},
 		Records: 2000, Latency: time.Millisecond, Concurrency: 16, TimeCap: 2 * time.Second}
-	if testing.Verbose() {
-		cfg.Progress = os.Stderr
-	}
-	rep, err := Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runSmall(t, cfg)
 	if len(rep.Results) != 8 {
 		t.Fatalf("%d results, want 8 (4 contenders, 2 variants)", len(rep.Results))
 	}
@@ -84,15 +85,9 @@ func TestRunSmallShare(t *testing.T) {
 // flight at the kill, so the naive pool gets three tries to show it.
 func TestCrashShowsNaivePoolLoss(t *testing.T) {
 	cfg := Config{Scenarios: []string{Crash}, Contenders: []string{NaivePool, KparUnordered}, Records: 4000}
-	if testing.Verbose() {
-		cfg.Progress = os.Stderr
-	}
 	naiveLost := false
 	for try := 0; try < 3 && !naiveLost; try++ {
-		rep, err := Run(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rep := runSmall(t, cfg)
 		for _, res := range rep.Results {
 			if res.Err != "" {
 				t.Fatalf("%s: %s", res.Contender, res.Err)
@@ -203,13 +198,7 @@ func BenchmarkCPU(b *testing.B) {
 // delivered or dead-lettered, nothing lost, each with its ratio.
 func TestRunSmallFlow(t *testing.T) {
 	cfg := Config{Scenarios: []string{Adaptive, Rate, Forward, Batch}, Records: 600}
-	if testing.Verbose() {
-		cfg.Progress = os.Stderr
-	}
-	rep, err := Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runSmall(t, cfg)
 	want := map[string]string{Adaptive: "capacity", Rate: "1s", Forward: "generator", Batch: "generator"}
 	if len(rep.Results) != 7 {
 		t.Fatalf("%d results, want 7: %+v", len(rep.Results), rep.Results)
