@@ -349,11 +349,7 @@ func (s *stuckRecords) reset() {
 // kpar does not replace them, so this shows how many workers are lost to
 // them. Register it beside PartitionCollector.
 func (m *Metrics) OverdueCollector(overdue func() int) prometheus.Collector {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: m.cfg.namespace,
-		Name:      "attempts_overdue",
-		Help:      "Handler attempts running past AttemptTimeout at the last check (their workers are busy).",
-	}, func() float64 { return float64(overdue()) })
+	return m.countGauge("attempts_overdue", "Handler attempts running past AttemptTimeout at the last check (their workers are busy).", overdue)
 }
 
 // LimitCollector returns a collector of one gauge, read at scrape time from
@@ -361,9 +357,11 @@ func (m *Metrics) OverdueCollector(overdue func() int) prometheus.Collector {
 //
 //	<ns>_concurrency_limit    attempts allowed in flight now (the adaptive limit, or Concurrency)
 func (m *Metrics) LimitCollector(limit func() int) prometheus.Collector {
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: m.cfg.namespace,
-		Name:      "concurrency_limit",
-		Help:      "Handler attempts allowed in flight now: the adaptive limit with AdaptiveConcurrency, else Concurrency.",
-	}, func() float64 { return float64(limit()) })
+	return m.countGauge("concurrency_limit", "Handler attempts allowed in flight now: the adaptive limit with AdaptiveConcurrency, else Concurrency.", limit)
+}
+
+// countGauge is a gauge of the count n returns, read at scrape time.
+func (m *Metrics) countGauge(name, help string, n func() int) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: m.cfg.namespace, Name: name, Help: help},
+		func() float64 { return float64(n()) })
 }
