@@ -15,6 +15,7 @@ import (
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // TestOutageHoldsTheWindow: while PostgreSQL is unreachable, a poison
@@ -40,11 +41,7 @@ func TestOutageHoldsTheWindow(t *testing.T) {
 	defer sink.Close()
 
 	const n, poison = 50, 5
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "pgout"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := testkit.Cluster(t, kfake.SeedTopics(1, "pgout"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
