@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
+
+	"github.com/kpar/kpar/deadletter"
+	invariant "github.com/kpar/kpar/internal/ledger"
 )
 
 func TestMain(m *testing.M) {
@@ -255,3 +259,125 @@ func (h countingHandler) Enabled(context.Context, slog.Level) bool  { return tru
 func (h countingHandler) Handle(context.Context, slog.Record) error { h.n.Add(1); return nil }
 func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
 func (h countingHandler) WithGroup(string) slog.Handler             { return h }
+
+// commitWatch is the hook that feeds a run's commits and dead letters to
+// its ledger, and lets a test wait until the commits reached given
+// offsets.
+type commitWatch struct {
+	l *invariant.Ledger
+
+	mu        sync.Mutex // guards the fields below
+	committed map[string]map[int32]int64
+	changed   chan struct{} // closed and replaced on each commit
+}
+
+func newCommitWatch(l *invariant.Ledger) *commitWatch {
+	return &commitWatch{l: l, committed: map[string]map[int32]int64{}, changed: make(chan struct{})}
+}
+
+// OnCommit: what the hook is given succeeded (a failed partition is left
+// out), so each offset is checked against the unfinished records.
+func (w *commitWatch) OnCommit(offs map[string]map[int32]int64, _ error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for topic, ps := range offs {
+		if w.committed[topic] == nil {
+			w.committed[topic] = map[int32]int64{}
+		}
+		for p, o := range ps {
+			w.l.Committed(topic, p, o)
+			w.committed[topic][p] = max(w.committed[topic][p], o)
+		}
+	}
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+func (w *commitWatch) OnDeadLettered(l deadletter.Letter) { w.l.DeadLettered(l.Record) }
+
+// waitAll waits until every partition in want has a commit at or past its
+// offset.
+func (w *commitWatch) waitAll(t testing.TB, want map[string]map[int32]int64, d time.Duration) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		w.mu.Lock()
+		var behind []string
+		for topic, ps := range want {
+			for p, o := range ps {
+				if got := w.committed[topic][p]; got < o {
+					behind = append(behind, fmt.Sprintf("%s/%d at %d of %d", topic, p, got, o))
+				}
+			}
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		if len(behind) == 0 {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("commits behind after %v: %v", d, behind)
+		}
+	}
+}
+
+// total is the sum of the offsets committed for topic's partitions: the
+// records below the commit points, as partitions start at 0.
+func (w *commitWatch) total(topic string) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var n int64
+	for _, o := range w.committed[topic] {
+		n += o
+	}
+	return n
+}
+
+// waitTotal waits until total(topic) is at least want.
+func (w *commitWatch) waitTotal(t testing.TB, topic string, want int64, d time.Duration) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		w.mu.Lock()
+		ch := w.changed
+		w.mu.Unlock()
+		if w.total(topic) >= want {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("commits of %s total %d after %v, want %d", topic, w.total(topic), d, want)
+		}
+	}
+}
+
+// ends collects the end offsets of what a test produced, from the
+// acknowledgements.
+type ends struct {
+	mu   sync.Mutex
+	next map[string]map[int32]int64
+}
+
+func newEnds() *ends { return &ends{next: map[string]map[int32]int64{}} }
+
+func (e *ends) ack(r *kgo.Record) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.next[r.Topic] == nil {
+		e.next[r.Topic] = map[int32]int64{}
+	}
+	e.next[r.Topic][r.Partition] = max(e.next[r.Topic][r.Partition], r.Offset+1)
+}
+
+func (e *ends) snapshot() map[string]map[int32]int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]map[int32]int64{}
+	for topic, ps := range e.next {
+		out[topic] = maps.Clone(ps)
+	}
+	return out
+}

@@ -121,8 +121,15 @@ type Ledger struct {
 	streams  map[sid]*stream // ordered streams, per the Order
 	parts    map[sid]*stream // per partition (key ""), for the commit check
 	rep      Report
-	finished int64 // distinct produced records finished
-	closed   bool  // all is closed
+	finished int64    // distinct produced records finished
+	closed   bool     // all is closed
+	waiters  []waiter // Reached channels not closed yet
+}
+
+// waiter is a channel to close once n records are finished.
+type waiter struct {
+	n  int64
+	ch chan struct{}
 }
 
 type rid struct {
@@ -164,6 +171,20 @@ func New(order Order, want int64) *Ledger {
 // AllHandled is closed once want distinct produced records were finished
 // (handled successfully or dead-lettered).
 func (l *Ledger) AllHandled() <-chan struct{} { return l.all }
+
+// Reached returns a channel closed once n distinct produced records were
+// finished: a test waits for progress with it, without polling.
+func (l *Ledger) Reached(n int64) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ch := make(chan struct{})
+	if l.finished >= n {
+		close(ch)
+		return ch
+	}
+	l.waiters = append(l.waiters, waiter{n, ch})
+	return ch
+}
 
 // Produced records a record acknowledged by the broker (its Partition and
 // Offset set).
@@ -282,6 +303,15 @@ func (l *Ledger) finish() {
 	if !l.closed && l.want > 0 && l.finished >= l.want {
 		l.closed = true
 		close(l.all)
+	}
+	if len(l.waiters) > 0 {
+		l.waiters = slices.DeleteFunc(l.waiters, func(w waiter) bool {
+			if l.finished >= w.n {
+				close(w.ch)
+				return true
+			}
+			return false
+		})
 	}
 }
 

@@ -150,3 +150,26 @@ func TestReportCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestLedgerReached(t *testing.T) {
+	l := New(Unordered, 0)
+	l.Produced(rec(0, 0, ""))
+	l.Produced(rec(0, 1, ""))
+	one, two := l.Reached(1), l.Reached(2)
+	l.Handled(rec(0, 0, ""))
+	<-one
+	select {
+	case <-two:
+		t.Fatal("two reached after one record")
+	default:
+	}
+	l.Handled(rec(0, 0, "")) // a duplicate is no progress
+	select {
+	case <-two:
+		t.Fatal("two reached by a duplicate")
+	default:
+	}
+	l.DeadLettered(rec(0, 1, ""))
+	<-two
+	<-l.Reached(2) // reached already: closed at once
+}
