@@ -186,13 +186,20 @@ func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
 
 // TakeNext removes and returns the next parked task on t's lane while the
 // lane stays busy, so a batch can carry several consecutive tasks of one
-// key. It returns nil when nothing is parked.
+// key. The lane's turn passes from t to the returned task: Release(t) then
+// returns nil, and only the returned task's Release hands the lane on, so
+// releasing every task of a batch makes one successor ready, not one per
+// task. It returns nil when nothing is parked.
 func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
 	if !t.laned || l.busy == 0 {
 		return nil
 	}
 	if i, ok := l.find(t.lane); ok {
-		return l.popParked(i)
+		next := l.popParked(i)
+		if next != nil {
+			t.laned = false
+		}
+		return next
 	}
 	return nil
 }
