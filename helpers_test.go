@@ -194,41 +194,15 @@ func waitFor(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
 	}
 }
 
-// ledger records which records were handled successfully, and how often.
-type ledger struct {
-	mu      sync.Mutex
-	ok      map[string]int // "p/offset" -> successful handlings
-	target  int
-	done    chan struct{}
-	reached bool
-}
-
-func newLedger(target int) *ledger {
-	return &ledger{ok: make(map[string]int), target: target, done: make(chan struct{})}
-}
-
-// success records a successful handling and returns how often r has been
-// handled successfully before.
-func (l *ledger) success(r *kgo.Record) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	k := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
-	before := l.ok[k]
-	l.ok[k]++
-	if !l.reached && len(l.ok) >= l.target {
-		l.reached = true
-		close(l.done)
+// ledgerOrder is the order internal/ledger checks for an ordering mode.
+func ledgerOrder(o Order) invariant.Order {
+	switch o {
+	case ByKey:
+		return invariant.ByKey
+	case ByPartition:
+		return invariant.ByPartition
 	}
-	return before
-}
-
-func (l *ledger) counts() (distinct, duplicates int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.ok {
-		duplicates += n - 1
-	}
-	return len(l.ok), duplicates
+	return invariant.Unordered
 }
 
 // adminClient returns an admin client of c, closed when the test ends.
