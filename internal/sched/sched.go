@@ -204,6 +204,31 @@ func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
 	return nil
 }
 
+// GiveBack undoes TakeNext for a batch whose attempt failed: the taken
+// tasks (in the order TakeNext returned them) go back to the front of
+// holder's lane, and the turn returns to holder, so the batch is retried
+// after holder and no task of the lane overtakes another.
+func (l *Lanes[T]) GiveBack(holder *Task[T], taken []*Task[T]) {
+	if len(taken) == 0 || l.busy == 0 {
+		return
+	}
+	i, ok := l.find(holder.lane)
+	if !ok {
+		return
+	}
+	q := &l.slots[i].ln.parked
+	for j := len(taken) - 1; j >= 0; j-- {
+		t := taken[j]
+		t.laned = true
+		t.next = q.head
+		if q.head = t; q.tail == nil {
+			q.tail = t
+		}
+		q.n++
+	}
+	holder.laned = true
+}
+
 // Busy returns the number of lanes with a task in flight.
 func (l *Lanes[T]) Busy() int { return l.busy }
 
