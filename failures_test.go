@@ -572,3 +572,39 @@ func forEachMode(t *testing.T, prefix string, test func(t *testing.T, mode order
 		t.Run(prefix+mode.order.String(), func(t *testing.T) { test(t, mode) })
 	}
 }
+
+// TestBatchRetriesKeepOrderInEveryMode is TestRetriesKeepOrderInEveryMode
+// for the batch handler: a failed batch is retried, and in ByKey and
+// ByPartition no record's first success overtakes an earlier record of its
+// key or partition.
+func TestBatchRetriesKeepOrderInEveryMode(t *testing.T) {
+	forEachMode(t, "", func(t *testing.T, mode orderMode) {
+		const n, keys = 3000, 40
+		c := newCluster(t, "border", 4)
+		l := invariant.New(mode.check, n)
+		produce(t, c, "border", n, keys, l.Produced)
+		var batches atomic.Int64
+		h := BatchHandlerFunc(func(_ context.Context, rs []*kgo.Record) error {
+			if batches.Add(1)%10 == 3 {
+				return errors.New("downstream hiccup")
+			}
+			for _, r := range rs {
+				l.Handled(r)
+			}
+			return nil
+		})
+		cons, err := NewBatch(h, append(testOpts(c, "g", "border"), Ordering(mode.order), MaxAttempts(5), BatchSize(20),
+			Concurrency(8), WithHooks(newCommitWatch(l)))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runConsumer(t, cons)
+		waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Report().Check(0); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
