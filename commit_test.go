@@ -46,7 +46,7 @@ func waitPartition(t *testing.T, c *Consumer, commits <-chan struct{}, what stri
 // offset.metadata.max.bytes is 20: kpar must keep committing, with less
 // metadata, instead of failing every commit.
 func TestCommitMetadataFallsBackWhenTooLarge(t *testing.T) {
-	c := newCluster(t, "meta", 1)
+	c := newFakeCluster(t, "answers OffsetCommit with a kfake control", "meta", 1)
 	produce(t, c, "meta", 200, 200)
 	var refused int
 	var mu sync.Mutex
@@ -117,7 +117,7 @@ func TestCommitMetadataFallsBackWhenTooLarge(t *testing.T) {
 // metadata): nothing is skipped, every record from the committed offset on
 // is handled.
 func TestForeignCommitMetadataRedelivers(t *testing.T) {
-	c := newCluster(t, "foreign", 2)
+	c := newFakeCluster(t, notPorted, "foreign", 2)
 	l := invariant.New(invariant.ByKey, 0)
 	produce(t, c, "foreign", 200, 200, l.Produced)
 	adm := adminClient(t, c)
@@ -159,7 +159,7 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 	for _, o := range []Order{ByKey, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {
-			c := newCluster(t, "slow", 1)
+			c := newFakeCluster(t, notPorted, "slow", 1)
 			const n = 900 // below WindowRecords: the blocked record holds the window start
 			l := invariant.New(invariant.ByKey, n-1)
 			produce(t, c, "slow", n, n, l.Produced) // every record its own key

@@ -136,7 +136,7 @@ func TestOrderingModes(t *testing.T) {
 // the handler is released.
 func TestBackPressurePausesAndResumes(t *testing.T) {
 	const n, window = 500, 40
-	c := newCluster(t, "slow", 1)
+	c := newFakeCluster(t, notPorted, "slow", 1)
 	led := invariant.New(invariant.Unordered, n)
 	produce(t, c, "slow", n, 50, led.Produced)
 
@@ -261,7 +261,7 @@ func TestCrashRedeliversOnlyUnfinishedRecord(t *testing.T) {
 		crashChild()
 		return
 	}
-	c := newCluster(t, "crash", 1)
+	c := newFakeCluster(t, notPorted, "crash", 1)
 	produce(t, c, "crash", 100, 100)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -370,7 +370,7 @@ type commitHook func(map[string]map[int32]int64, error)
 func (f commitHook) OnCommit(offs map[string]map[int32]int64, err error) { f(offs, err) }
 
 func TestRunTwiceConcurrentlyFails(t *testing.T) {
-	c := newCluster(t, "t", 1)
+	c := newFakeCluster(t, notPorted, "t", 1)
 	started := make(chan struct{})
 	var once sync.Once
 	hook := assignHook(func() { once.Do(func() { close(started) }) })
@@ -399,7 +399,7 @@ func (f assignHook) OnPartitionsAssigned(map[string][]int32) { f() }
 
 func TestBatchHandlerGetsOnePartitionInOrder(t *testing.T) {
 	const n = 3000
-	c := newCluster(t, "b", 4)
+	c := newFakeCluster(t, notPorted, "b", 4)
 	led := invariant.New(invariant.ByKey, n)
 	produce(t, c, "b", n, 30, led.Produced)
 	var bad atomic.Value
@@ -533,7 +533,7 @@ func TestOrderText(t *testing.T) {
 // not ShutdownTimeout for the drain, again for the workers and then
 // RevokeTimeout when leaving the group.
 func TestShutdownIsBoundedByShutdownTimeout(t *testing.T) {
-	c := newCluster(t, "bounded", 1)
+	c := newFakeCluster(t, notPorted, "bounded", 1)
 	produce(t, c, "bounded", 10, 10)
 	started := make(chan struct{})
 	unblock := make(chan struct{})
@@ -565,7 +565,7 @@ func TestShutdownIsBoundedByShutdownTimeout(t *testing.T) {
 // Unordered one in the same group: the second must fail with
 // ErrOrderingMismatch instead of breaking per-key order.
 func TestMembersWithAnotherOrderingAreRefused(t *testing.T) {
-	c := newCluster(t, "mixed", 2)
+	c := newFakeCluster(t, notPorted, "mixed", 2)
 	produce(t, c, "mixed", 10, 10)
 	assigned := make(chan struct{})
 	var once sync.Once

@@ -24,21 +24,21 @@ import (
 // it on a cluster, and the URL its letters are read back from.
 type sinkCase struct {
 	name string
-	open func(t *testing.T, c *kfake.Cluster) (deadletter.Sink, string)
+	open func(t *testing.T, c cluster) (deadletter.Sink, string)
 }
 
 func sinkCases() []sinkCase {
 	return []sinkCase{
-		{"kafka", func(t *testing.T, c *kfake.Cluster) (deadletter.Sink, string) {
+		{"kafka", func(t *testing.T, c cluster) (deadletter.Sink, string) {
 			cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(cl.Close)
 			createTopic(t, c, "poison.dlq", 1)
-			return deadletter.NewKafkaSink(cl), "kafka://" + c.ListenAddrs()[0] + "/poison.dlq"
+			return deadletter.NewKafkaSink(cl), "kafka://" + c.ListenAddrs()[0] + "/" + nameIn(c, "poison.dlq")
 		}},
-		{"file", func(t *testing.T, _ *kfake.Cluster) (deadletter.Sink, string) {
+		{"file", func(t *testing.T, _ cluster) (deadletter.Sink, string) {
 			path := filepath.Join(t.TempDir(), "dlq.jsonl")
 			s, err := deadletter.NewFileSink(path)
 			if err != nil {
@@ -97,7 +97,7 @@ func TestPoisonRecordEndsInEachSink(t *testing.T) {
 				}
 				return nil
 			})
-			hook, done := committedTo("poison", n)
+			hook, done := committedTo(c.name("poison"), n)
 			cons, err := New(h, append(testOpts(c, "g", "poison"), Ordering(mode.order), MaxAttempts(3), DeadLetters(sink), WithHooks(hook))...)
 			if err != nil {
 				t.Fatal(err)
@@ -112,8 +112,8 @@ func TestPoisonRecordEndsInEachSink(t *testing.T) {
 				t.Fatalf("%d dead letters, want 1: %+v", len(letters), letters)
 			}
 			l := letters[0]
-			if l.ID() != fmt.Sprintf("poison/0/%d", poison) || l.Class != deadletter.ClassExhausted ||
-				l.Attempts != 3 || l.Group != "g" || l.Message != "cannot parse order" {
+			if l.ID() != fmt.Sprintf("%s/0/%d", c.name("poison"), poison) || l.Class != deadletter.ClassExhausted ||
+				l.Attempts != 3 || l.Group != c.name("g") || l.Message != "cannot parse order" {
 				t.Fatalf("dead letter %s class %s attempts %d group %q message %q", l.ID(), l.Class, l.Attempts, l.Group, l.Message)
 			}
 			if l.FirstFailure.IsZero() || l.LastFailure.Before(l.FirstFailure) {
@@ -278,7 +278,7 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 
 func testSinkOutageHoldsTheWindow(t *testing.T, mode orderMode) {
 	const n, poison, keys = 100, 10, 5
-	c := newCluster(t, "out", 1)
+	c := newFakeCluster(t, "injects produce faults", "out", 1)
 	l := invariant.New(mode.check, n)
 	produce(t, c, "out", n, keys, l.Produced)
 	// One partition: record i is at offset i, with key i%keys. What may
@@ -429,8 +429,8 @@ func testRetryTopicDelaysWithoutBlocking(t *testing.T, mode orderMode) {
 			failedAt = time.Now()
 			return errors.New("downstream busy")
 		}
-		if r.Topic != "rt" || r.Partition != 0 {
-			t.Errorf("retried record shows as %s/%d, want the original rt/0", r.Topic, r.Partition)
+		if r.Topic != c.name("rt") || r.Partition != 0 {
+			t.Errorf("retried record shows as %s/%d, want the original %s/0", r.Topic, r.Partition, c.name("rt"))
 		}
 		retriedAt = time.Now()
 		close(done)
@@ -493,7 +493,7 @@ func testRetriesDoNotStarveHealthyPartitions(t *testing.T, mode orderMode) {
 		if i < failing {
 			p = 0
 		}
-		recs = append(recs, &kgo.Record{Topic: "mixed", Partition: p, Value: make([]byte, 10<<10)})
+		recs = append(recs, &kgo.Record{Topic: c.name("mixed"), Partition: p, Value: make([]byte, 10<<10)})
 	}
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)

@@ -85,7 +85,7 @@ func orderModes() []orderMode {
 func testBrokerFault(t *testing.T, f brokerFault, mode orderMode) {
 	const n, parts, keys = 2000, 4, 50
 	const topic, group = "faults", "faults"
-	c := newCluster(t, topic, parts)
+	c := newFakeCluster(t, "injects broker faults", topic, parts)
 	createTopic(t, c, topic+".dlq", 1)
 	l := invariant.New(mode.check, n)
 	// One record in 20 fails permanently: 5 keys of 50, at several
@@ -168,7 +168,7 @@ func testBrokerFault(t *testing.T, f brokerFault, mode orderMode) {
 
 // produceRange writes the records from .. to of the sequence produce
 // writes (record i has key i%keys), so that a run can produce in parts.
-func produceRange(t testing.TB, c *kfake.Cluster, topic string, from, to, keys int, onAck ...func(*kgo.Record)) {
+func produceRange(t testing.TB, c cluster, topic string, from, to, keys int, onAck ...func(*kgo.Record)) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
 	if err != nil {

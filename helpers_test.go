@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
@@ -25,42 +24,32 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// newCluster starts an in-process kfake broker with topic (partitions
-// partitions) and short group timeouts, so rebalances take well under a
-// second.
-func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
-	t.Helper()
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
-		kfake.SeedTopics(partitions, topic),
-		kfake.AllowAutoTopicCreation(),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
-
 // testOpts are the options every test consumer shares: fast heartbeats
 // and commits, short timeouts.
-func testOpts(c *kfake.Cluster, group, topic string) []ConsumerOpt {
+//
+// On a real cluster the session timeout is 6s, the least Kafka allows by
+// default (group.min.session.timeout.ms), and group and topic get the
+// test's prefix.
+func testOpts(c cluster, group, topic string) []ConsumerOpt {
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("KPAR_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
+	heartbeat, session := 100*time.Millisecond, 2*time.Second
+	if onRealCluster(c) {
+		heartbeat, session = 500*time.Millisecond, 6*time.Second
+	}
 	return []ConsumerOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
-		Group(group),
-		Topics(topic),
+		Group(nameIn(c, group)),
+		Topics(nameIn(c, topic)),
 		CommitInterval(50 * time.Millisecond),
 		RetryBackoff(time.Millisecond, 10*time.Millisecond),
 		ShutdownTimeout(10 * time.Second),
 		ClientOptions(
-			kgo.HeartbeatInterval(100*time.Millisecond),
-			kgo.SessionTimeout(2*time.Second),
+			kgo.HeartbeatInterval(heartbeat),
+			kgo.SessionTimeout(session),
 			kgo.RebalanceTimeout(5*time.Second),
 			kgo.FetchMaxWait(100*time.Millisecond),
 		),
@@ -88,8 +77,9 @@ func decodeValue(b []byte) produced {
 // produce writes n records spread over keys keys (key i%keys), each value
 // carrying (key, per-key sequence). Records of one key land in one
 // partition, in production order.
-func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int, onAck ...func(*kgo.Record)) {
+func produce(t testing.TB, c cluster, topic string, n, keys int, onAck ...func(*kgo.Record)) {
 	t.Helper()
+	topic = nameIn(c, topic)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -131,8 +121,9 @@ func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int, onAck ..
 
 // offsets returns the group's committed offsets and the topic's high
 // watermarks.
-func offsets(t testing.TB, c *kfake.Cluster, group, topic string) (committed, end map[int32]int64) {
+func offsets(t testing.TB, c cluster, group, topic string) (committed, end map[int32]int64) {
 	t.Helper()
+	group, topic = nameIn(c, group), nameIn(c, topic)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +197,7 @@ func ledgerOrder(o Order) invariant.Order {
 }
 
 // adminClient returns an admin client of c, closed when the test ends.
-func adminClient(t testing.TB, c *kfake.Cluster) *kadm.Client {
+func adminClient(t testing.TB, c cluster) *kadm.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
@@ -217,11 +208,16 @@ func adminClient(t testing.TB, c *kfake.Cluster) *kadm.Client {
 }
 
 // createTopic creates a topic on c.
-func createTopic(t testing.TB, c *kfake.Cluster, topic string, partitions int32) {
+func createTopic(t testing.TB, c cluster, topic string, partitions int32) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := adminClient(t, c).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+	// Replication factor -1: the broker's default (1 on kfake).
+	resp, err := adminClient(t, c).CreateTopic(ctx, partitions, -1, nil, nameIn(c, topic))
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 }

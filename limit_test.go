@@ -35,7 +35,7 @@ func capacityHandler(capacity int64, work time.Duration, done func(*kgo.Record))
 // near 16, and no record exhausts its attempts on the rejections.
 func TestAdaptiveConcurrencyDeadLettersNothing(t *testing.T) {
 	const n = 3000
-	c := newCluster(t, "adaptive", 4)
+	c := newFakeCluster(t, notPorted, "adaptive", 4)
 	l := invariant.New(invariant.Unordered, n)
 	produce(t, c, "adaptive", n, n, l.Produced)
 	sink := &memSink{}
