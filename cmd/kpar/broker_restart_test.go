@@ -33,6 +33,7 @@ import (
 // times over a larger topic.
 func TestChaosBrokerRestart(t *testing.T) {
 	t.Parallel()
+	skipOnRealCluster(t, "it kills and restarts the broker")
 	kills, perPhase := 1, 2000
 	if os.Getenv("KPAR_CHAOS_SOAK") != "" {
 		kills, perPhase = 5, 5000

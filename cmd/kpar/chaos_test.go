@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -136,9 +137,9 @@ func TestChaosKillLoop(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "4")
-	const topic, group = "chaos", "chaos"
-	produceIndexed(ctx, t, topic, records, keys, kgo.SeedBrokers(addr))
+	cc := newChaosCluster(ctx, t, bin, 4, "chaos")
+	addr, topic, group := cc.addr, cc.name("chaos"), cc.name("chaos")
+	produceIndexed(ctx, t, topic, records, keys, kgo.SeedBrokers(strings.Split(addr, ",")...))
 
 	ep := newChaosEndpoint(t)
 	// A session timeout far above the restart time: only static
@@ -147,7 +148,7 @@ func TestChaosKillLoop(t *testing.T) {
 	args := []string{"--brokers", addr, "--group", group, "--topic", topic, "--url", ep.srv.URL,
 		"--concurrency", strconv.Itoa(concurrency), "--ordering", "key", "--retry-backoff", "5ms", "--log-level", "warn"}
 	if other == "" {
-		args = append(args, "--instance-id", "chaos-1",
+		args = append(args, "--instance-id", cc.name("chaos-1"),
 			"--commit-interval", cmp.Or(os.Getenv("KPAR_CHAOS_COMMIT_INTERVAL"), "2ms"))
 	} else {
 		sessionTimeout = 6 * time.Second // the broker's least: a dynamic member's restart waits for it

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -106,7 +107,7 @@ type streamProducer struct {
 // startProducer produces perSecond records a second to topic.
 func startProducer(ctx context.Context, t *testing.T, addr, topic string, perSecond, keys int, l *ledger.Ledger) *streamProducer {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.DefaultProduceTopic(topic), kgo.AllowAutoTopicCreation(),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(addr, ",")...), kgo.DefaultProduceTopic(topic), kgo.AllowAutoTopicCreation(),
 		kgo.ProducerLinger(time.Millisecond), kgo.RecordRetries(1000), kgo.RecordDeliveryTimeout(time.Minute))
 	if err != nil {
 		t.Fatal(err)

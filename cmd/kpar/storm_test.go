@@ -35,8 +35,8 @@ func TestChaosRebalanceStorm(t *testing.T) {
 	bin := buildKpar(t)
 	ctx, cancel := context.WithTimeout(t.Context(), storm+2*time.Minute)
 	defer cancel()
-	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "6")
-	const topic, group = "storm", "storm"
+	cc := newChaosCluster(ctx, t, bin, 6, "storm")
+	addr, topic, group := cc.addr, cc.name("storm"), cc.name("storm")
 
 	l := ledger.New(ledger.ByKey, 0)
 	rng := rand.New(rand.NewPCG(3, 4))
