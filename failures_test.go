@@ -277,6 +277,7 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 }
 
 func testSinkOutageHoldsTheWindow(t *testing.T, mode orderMode) {
+	t.Parallel() // mostly waits out the sink's backoff
 	const n, poison, keys = 100, 10, 5
 	c := newFakeCluster(t, "injects produce faults", "out", 1)
 	l := invariant.New(mode.check, n)
