@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -33,6 +34,9 @@ import (
 type ledgerEndpoint struct {
 	srv *httptest.Server
 	l   *ledger.Ledger
+	// topic is the records' topic when a request has no Kpar-Topic
+	// header; "" uses the header.
+	topic string
 	// answer decides the status of an attempt (from 1) of the record with
 	// value index, and how long the endpoint works on it first.
 	answer func(index, attempt int) (status int, work time.Duration)
@@ -55,7 +59,10 @@ func newLedgerEndpoint(t *testing.T, l *ledger.Ledger, answer func(index, attemp
 func (e *ledgerEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.active.Add(1)
 	defer e.active.Add(-1)
-	body, _ := io.ReadAll(r.Body)
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return // the client died mid-request (a SIGKILLed forwarder): nothing was delivered
+	}
 	i, err1 := strconv.Atoi(string(body))
 	part, err2 := strconv.ParseInt(r.Header.Get(forward.HeaderPartition), 10, 32)
 	off, err3 := strconv.ParseInt(r.Header.Get(forward.HeaderOffset), 10, 64)
@@ -76,7 +83,7 @@ func (e *ledgerEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(work) // the service's own work, not a wait for anything
 	}
 	if status/100 == 2 {
-		e.l.Handled(&kgo.Record{Topic: r.Header.Get(forward.HeaderTopic), Partition: int32(part), Offset: off, Key: key})
+		e.l.Handled(&kgo.Record{Topic: cmp.Or(r.Header.Get(forward.HeaderTopic), e.topic), Partition: int32(part), Offset: off, Key: key})
 	}
 	w.WriteHeader(status)
 }
