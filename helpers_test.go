@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/kafkatest"
 	invariant "github.com/kpar/kpar/internal/ledger"
 )
 
@@ -37,7 +38,7 @@ func testOpts(c cluster, group, topic string) []ConsumerOpt {
 	}
 	heartbeat, session := 100*time.Millisecond, 2*time.Second
 	if onRealCluster(c) {
-		heartbeat, session = 500*time.Millisecond, 6*time.Second
+		heartbeat, session = 500*time.Millisecond, kafkatest.SessionTimeout
 	}
 	return []ConsumerOpt{
 		WithLogger(logger),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/realcluster.sh — runs the suites that honour KPAR_TEST_BROKERS
-# (the engine's failure, ordering, no-loss and rebalance tests, and the
-# chaos tests of `kpar forward`) against a cluster that is not in the test
+# (the engine's failure, ordering, no-loss and rebalance tests, the chaos
+# tests of `kpar forward` and the PostgreSQL sink outage) against a cluster that is not in the test
 # process: KPAR_TEST_BROKERS when the caller set it, else a `kpar broker`
 # process started here on a free loopback port and stopped at the end.
 # This exercises the real-cluster path (unique names, 6 s sessions, no
@@ -14,6 +14,8 @@ run() {
   echo "realcluster.sh: KPAR_TEST_BROKERS=$KPAR_TEST_BROKERS" >&2
   go test -race -count=1 -timeout 5m "$@" .
   (cd cmd/kpar && go test -race -count=1 -timeout 5m -run 'TestChaos' "$@" .)
+  # Skips without KPAR_TEST_POSTGRES.
+  (cd deadletter/pgsink && go test -race -count=1 -timeout 5m -run 'TestChaos' "$@" .)
 }
 
 if [ -n "${KPAR_TEST_BROKERS:-}" ]; then

@@ -47,7 +47,7 @@ func TestChaosBrokerRestart(t *testing.T) {
 	const topic, group = "restart", "restart"
 
 	l := ledger.New(ledger.ByKey, 0)
-	ep := newLedgerEndpoint(t, l, func(i, _ int) (int, time.Duration) {
+	ep := newLedgerEndpoint(t, l, topic, func(i, _ int) (int, time.Duration) {
 		return http.StatusOK, time.Duration(i%5) * time.Millisecond // slow enough that the kill falls mid-run
 	})
 	produced := 0

@@ -61,13 +61,12 @@ func TestChaosKillLoop(t *testing.T) {
 	produceLedger(ctx, t, addr, topic, 0, records, keys, l)
 	// The endpoint answers in 0-2 ms and fails 1% of first attempts with
 	// a 500.
-	ep := newLedgerEndpoint(t, l, func(i, attempt int) (int, time.Duration) {
+	ep := newLedgerEndpoint(t, l, topic, func(i, attempt int) (int, time.Duration) {
 		if attempt == 1 && i%100 == 7 {
 			return http.StatusInternalServerError, 0
 		}
 		return http.StatusOK, time.Duration(i%3) * time.Millisecond
 	})
-	ep.topic = topic // older builds (KPAR_CHAOS_BIN) may not send Kpar-Topic
 	// A session timeout far above the restart time: only static
 	// membership lets the restarted member resume before it expires.
 	sessionTimeout := 30 * time.Second

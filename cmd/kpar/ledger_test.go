@@ -35,7 +35,7 @@ type ledgerEndpoint struct {
 	srv *httptest.Server
 	l   *ledger.Ledger
 	// topic is the records' topic when a request has no Kpar-Topic
-	// header; "" uses the header.
+	// header (older builds, KPAR_CHAOS_BIN).
 	topic string
 	// answer decides the status of an attempt (from 1) of the record with
 	// value index, and how long the endpoint works on it first.
@@ -48,9 +48,9 @@ type ledgerEndpoint struct {
 	bad      []string
 }
 
-func newLedgerEndpoint(t *testing.T, l *ledger.Ledger, answer func(index, attempt int) (int, time.Duration)) *ledgerEndpoint {
+func newLedgerEndpoint(t *testing.T, l *ledger.Ledger, topic string, answer func(index, attempt int) (int, time.Duration)) *ledgerEndpoint {
 	t.Helper()
-	e := &ledgerEndpoint{l: l, answer: answer, attempts: map[int]int{}}
+	e := &ledgerEndpoint{l: l, topic: topic, answer: answer, attempts: map[int]int{}}
 	e.srv = httptest.NewServer(e)
 	t.Cleanup(e.srv.Close)
 	return e

@@ -40,7 +40,7 @@ func TestChaosRebalanceStorm(t *testing.T) {
 
 	l := ledger.New(ledger.ByKey, 0)
 	rng := rand.New(rand.NewPCG(3, 4))
-	ep := newLedgerEndpoint(t, l, func(int, int) (int, time.Duration) {
+	ep := newLedgerEndpoint(t, l, topic, func(int, int) (int, time.Duration) {
 		return http.StatusOK, time.Duration(rand.IntN(11)) * time.Millisecond
 	})
 	// The broker's least session timeout: a SIGKILLed member's partitions
@@ -55,9 +55,13 @@ func TestChaosRebalanceStorm(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("nothing produced: %v", ctx.Err())
 	}
-	var running []*process
+	var running, all []*process
+	start := func() {
+		p := startForward(ctx, t, bin, nil, args...)
+		running, all = append(running, p), append(all, p)
+	}
 	for range members {
-		running = append(running, startForward(ctx, t, bin, nil, args...))
+		start()
 	}
 	var events []string
 	kills, terms, joins := 0, 0, 0
@@ -78,7 +82,7 @@ func TestChaosRebalanceStorm(t *testing.T) {
 			}
 		}
 		if len(running) < members {
-			running = append(running, startForward(ctx, t, bin, nil, args...))
+			start()
 			joins++
 			events = append(events, "join")
 			continue
@@ -122,6 +126,9 @@ func TestChaosRebalanceStorm(t *testing.T) {
 	// 3 x concurrency, as in TestChaosKillLoop. Leaves and joins add
 	// nothing.
 	if err := rep.Check(int64(kills * 3 * concurrency)); err != nil {
+		for i, p := range all {
+			t.Logf("member %d's stderr:\n%s", i+1, tail(p.stderr))
+		}
 		t.Error(err)
 	}
 }
