@@ -216,7 +216,7 @@ func (l *Lanes[T]) GiveBack(holder *Task[T], taken []*Task[T]) {
 	if !ok {
 		return
 	}
-	q := &l.slots[i].ln.parked
+	q := &l.parked[i]
 	for j := len(taken) - 1; j >= 0; j-- {
 		t := taken[j]
 		t.laned = true
@@ -226,6 +226,7 @@ func (l *Lanes[T]) GiveBack(holder *Task[T], taken []*Task[T]) {
 		}
 		q.n++
 	}
+	l.keys[i] |= parkedBit
 	holder.laned = true
 }
 
