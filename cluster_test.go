@@ -6,11 +6,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/kpar/kpar/internal/kafkatest"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // The tests run against an in-process kfake broker, or against the real
-// cluster KPAR_TEST_BROKERS names (internal/kafkatest): there each test's
+// cluster KPAR_TEST_BROKERS names (internal/testkit): there each test's
 // topics and groups get a unique prefix and are deleted at its end. Tests
 // that need kfake itself (fault injection, controls) take newFakeCluster
 // and skip there.
@@ -52,13 +52,13 @@ func onRealCluster(c cluster) bool {
 // take well under a second, or the KPAR_TEST_BROKERS cluster.
 func newCluster(t testing.TB, topic string, partitions int32) *testCluster {
 	t.Helper()
-	seeds := kafkatest.Seeds()
+	seeds := testkit.RealSeeds()
 	if seeds == nil {
 		fake := startFake(t, topic, partitions)
 		return &testCluster{fake: fake, addrs: fake.ListenAddrs()}
 	}
-	c := &testCluster{addrs: seeds, prefix: kafkatest.Prefix(t, seeds)}
-	kafkatest.CreateTopic(t, seeds, c.name(topic), partitions)
+	c := &testCluster{addrs: seeds, prefix: testkit.RealPrefix(t, seeds)}
+	testkit.CreateTopic(t, seeds, c.name(topic), partitions)
 	return c
 }
 
@@ -71,8 +71,8 @@ const notPorted = "not yet ported to a real cluster"
 // controls): they skip on a real cluster, saying why.
 func newFakeCluster(t testing.TB, why, topic string, partitions int32) *kfake.Cluster {
 	t.Helper()
-	if kafkatest.Seeds() != nil {
-		t.Skipf("kfake only (%s); runs without %s", why, kafkatest.Env)
+	if testkit.RealSeeds() != nil {
+		t.Skipf("kfake only (%s); runs without %s", why, testkit.BrokersEnv)
 	}
 	return startFake(t, topic, partitions)
 }

@@ -17,8 +17,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kpar/kpar/deadletter"
-	"github.com/kpar/kpar/internal/kafkatest"
 	invariant "github.com/kpar/kpar/internal/ledger"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -38,7 +38,7 @@ func testOpts(c cluster, group, topic string) []ConsumerOpt {
 	}
 	heartbeat, session := 100*time.Millisecond, 2*time.Second
 	if onRealCluster(c) {
-		heartbeat, session = 500*time.Millisecond, kafkatest.SessionTimeout
+		heartbeat, session = 500*time.Millisecond, testkit.RealSessionTimeout
 	}
 	return []ConsumerOpt{
 		WithLogger(logger),

@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kpar/kpar/internal/kafkatest"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // The chaos tests run `kpar forward` against a `kpar broker` process, or
-// against the real cluster KPAR_TEST_BROKERS names (internal/kafkatest),
+// against the real cluster KPAR_TEST_BROKERS names (internal/testkit),
 // where each test's topics and groups get a unique prefix and are deleted
 // at its end. Tests that kill the broker itself skip there.
 
@@ -28,14 +28,14 @@ func (c chaosCluster) name(s string) string { return c.prefix + s }
 // topics there with that many partitions.
 func newChaosCluster(ctx context.Context, t *testing.T, bin string, partitions int, topics ...string) chaosCluster {
 	t.Helper()
-	seeds := kafkatest.Seeds()
+	seeds := testkit.RealSeeds()
 	if seeds == nil {
 		_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", strconv.Itoa(partitions))
 		return chaosCluster{addr: addr}
 	}
-	c := chaosCluster{addr: strings.Join(seeds, ","), prefix: kafkatest.Prefix(t, seeds)}
+	c := chaosCluster{addr: strings.Join(seeds, ","), prefix: testkit.RealPrefix(t, seeds)}
 	for _, topic := range topics {
-		kafkatest.CreateTopic(t, seeds, c.name(topic), int32(partitions))
+		testkit.CreateTopic(t, seeds, c.name(topic), int32(partitions))
 	}
 	return c
 }
@@ -43,7 +43,7 @@ func newChaosCluster(ctx context.Context, t *testing.T, bin string, partitions i
 // skipOnRealCluster skips a test that needs the `kpar broker` process.
 func skipOnRealCluster(t *testing.T, why string) {
 	t.Helper()
-	if kafkatest.Seeds() != nil {
-		t.Skipf("needs the kpar broker process (%s); runs without %s", why, kafkatest.Env)
+	if testkit.RealSeeds() != nil {
+		t.Skipf("needs the kpar broker process (%s); runs without %s", why, testkit.BrokersEnv)
 	}
 }

@@ -17,8 +17,8 @@ import (
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
-	"github.com/kpar/kpar/internal/kafkatest"
 	"github.com/kpar/kpar/internal/ledger"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // TestChaosSinkOutageAndPoisonStorm: 10% of the records fail permanently
@@ -71,11 +71,11 @@ func testSinkOutage(t *testing.T, dsn string, order kpar.Order, check ledger.Ord
 
 	const partitions, keys = 4, 100
 	topic, group := "storm", "g"
-	brokers := kafkatest.Seeds() // a real cluster (KPAR_TEST_BROKERS), else kfake
+	brokers := testkit.RealSeeds() // a real cluster (KPAR_TEST_BROKERS), else kfake
 	if brokers != nil {
-		prefix := kafkatest.Prefix(t, brokers)
+		prefix := testkit.RealPrefix(t, brokers)
 		topic, group = prefix+topic, prefix+group
-		kafkatest.CreateTopic(t, brokers, topic, partitions)
+		testkit.CreateTopic(t, brokers, topic, partitions)
 	} else {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
 		if err != nil {

@@ -1,4 +1,4 @@
-package kafkatest
+package testkit
 
 import (
 	"context"
@@ -11,20 +11,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-func TestSeeds(t *testing.T) {
-	t.Setenv(Env, "")
-	if s := Seeds(); s != nil {
-		t.Fatalf("Seeds() = %v with %s unset, want nil", s, Env)
+func TestRealSeeds(t *testing.T) {
+	t.Setenv(BrokersEnv, "")
+	if s := RealSeeds(); s != nil {
+		t.Fatalf("RealSeeds() = %v with %s unset, want nil", s, BrokersEnv)
 	}
-	t.Setenv(Env, " a:1,b:2 ")
-	if s := Seeds(); !slices.Equal(s, []string{"a:1", "b:2"}) {
-		t.Fatalf("Seeds() = %v, want [a:1 b:2]", s)
+	t.Setenv(BrokersEnv, " a:1,b:2 ")
+	if s := RealSeeds(); !slices.Equal(s, []string{"a:1", "b:2"}) {
+		t.Fatalf("RealSeeds() = %v, want [a:1 b:2]", s)
 	}
 }
 
-// TestPrefixCleansUp: a prefix is a valid topic name unique per call, and
+// TestRealPrefixCleansUp: a prefix is a valid topic name unique per call, and
 // the topics bearing it are gone when the test that took it ends.
-func TestPrefixCleansUp(t *testing.T) {
+func TestRealPrefixCleansUp(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -33,8 +33,8 @@ func TestPrefixCleansUp(t *testing.T) {
 	seeds := c.ListenAddrs()
 	var prefix string
 	t.Run("a test/with odd name", func(t *testing.T) {
-		prefix = Prefix(t, seeds)
-		if other := Prefix(t, seeds); other == prefix {
+		prefix = RealPrefix(t, seeds)
+		if other := RealPrefix(t, seeds); other == prefix {
 			t.Fatalf("two calls gave the same prefix %q", prefix)
 		}
 		if !regexp.MustCompile(`^[a-zA-Z0-9._-]+$`).MatchString(prefix) {

@@ -1,13 +1,12 @@
-// Package kafkatest is the real-cluster side of kpar's tests. By default
-// they run against franz-go's kfake, in process or as `kpar broker`; when
-// KPAR_TEST_BROKERS names the seed brokers of a real cluster
-// ("host:port,..."), the suites that support it run there instead, as
-// franz-go's own tests do with KGO_SEEDS. On a real cluster every topic and
-// group of a test gets a prefix unique to the test and the run, so runs
-// and tests never share state, and is deleted when the test ends.
-//
-// Only tests import this package; it links nothing into kpar.
-package kafkatest
+package testkit
+
+// The real-cluster side of the suites. By default they run against
+// franz-go's kfake, in process or as `kpar broker`; when KPAR_TEST_BROKERS
+// names the seed brokers of a real cluster ("host:port,..."), the suites
+// that support it run there instead, as franz-go's own tests do with
+// KGO_SEEDS. On a real cluster every topic and group of a test gets a
+// prefix unique to the test and the run, so runs and tests never share
+// state, and is deleted when the test ends.
 
 import (
 	"context"
@@ -23,17 +22,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Env is the variable naming a real cluster's seed brokers.
-const Env = "KPAR_TEST_BROKERS"
+// BrokersEnv is the variable naming a real cluster's seed brokers.
+const BrokersEnv = "KPAR_TEST_BROKERS"
 
-// SessionTimeout is the least session timeout a real cluster allows by
+// RealSessionTimeout is the least session timeout a real cluster allows by
 // default (group.min.session.timeout.ms); kfake's tests go lower.
-const SessionTimeout = 6 * time.Second
+const RealSessionTimeout = 6 * time.Second
 
-// Seeds returns the seed brokers of KPAR_TEST_BROKERS, nil when it is
+// RealSeeds returns the seed brokers of KPAR_TEST_BROKERS, nil when it is
 // unset: the tests then use kfake.
-func Seeds() []string {
-	v := strings.TrimSpace(os.Getenv(Env))
+func RealSeeds() []string {
+	v := strings.TrimSpace(os.Getenv(BrokersEnv))
 	if v == "" {
 		return nil
 	}
@@ -42,10 +41,10 @@ func Seeds() []string {
 
 var notInName = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
 
-// Prefix returns a prefix for t's topic and group names on the cluster
+// RealPrefix returns a prefix for t's topic and group names on the cluster
 // seeds, unique to t and this run, and deletes every topic and group
 // bearing it when t ends.
-func Prefix(t testing.TB, seeds []string) string {
+func RealPrefix(t testing.TB, seeds []string) string {
 	t.Helper()
 	b := make([]byte, 4)
 	rand.Read(b)
