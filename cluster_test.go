@@ -79,15 +79,9 @@ func newFakeCluster(t testing.TB, why, topic string, partitions int32) *kfake.Cl
 
 func startFake(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
+	return testkit.Cluster(t,
 		kfake.SeedTopics(partitions, topic),
 		kfake.AllowAutoTopicCreation(),
 		kfake.GroupMinSessionTimeout(100*time.Millisecond),
 	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
 }
