@@ -75,7 +75,7 @@ func (o offsetCounts) check(t *testing.T, from, to int64) (repeats int) {
 }
 
 func TestBackfillDeliversExactlyTheRange(t *testing.T) {
-	c := newCluster(t, "bf", 1)
+	c := newFakeCluster(t, notPorted, "bf", 1)
 	produce(t, c, "bf", 20_000, 100)
 	counts := make(offsetCounts, 20_000)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -94,7 +94,7 @@ func TestBackfillDeliversExactlyTheRange(t *testing.T) {
 }
 
 func TestBackfillResumesAfterCancelLosingNothing(t *testing.T) {
-	c := newCluster(t, "bf", 1)
+	c := newFakeCluster(t, notPorted, "bf", 1)
 	produce(t, c, "bf", 20_000, 100)
 	file := filepath.Join(t.TempDir(), "progress.json")
 	r := Range{Topic: "bf", From: AtOffset(5_000), To: AtOffset(15_000)}
@@ -148,7 +148,7 @@ func TestBackfillResumesAfterCancelLosingNothing(t *testing.T) {
 }
 
 func TestBackfillRejectsBadRanges(t *testing.T) {
-	c := newCluster(t, "bf", 2)
+	c := newFakeCluster(t, notPorted, "bf", 2)
 	produce(t, c, "bf", 200, 2) // 100 per partition
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
@@ -201,7 +201,7 @@ func TestBackfillRejectsBadRanges(t *testing.T) {
 }
 
 func TestBackfillDeadLettersFailingRecordsToAFileSink(t *testing.T) {
-	c := newCluster(t, "bf", 1)
+	c := newFakeCluster(t, notPorted, "bf", 1)
 	produce(t, c, "bf", 1_000, 10)
 	path := filepath.Join(t.TempDir(), "dlq.jsonl")
 	sink, err := deadletter.NewFileSink(path)
@@ -273,7 +273,7 @@ func TestBackfillDeadLettersFailingRecordsToAFileSink(t *testing.T) {
 }
 
 func TestBackfillTimeRange(t *testing.T) {
-	c := newCluster(t, "bf", 1)
+	c := newFakeCluster(t, notPorted, "bf", 1)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("bf"))
 	if err != nil {
 		t.Fatal(err)
@@ -311,7 +311,7 @@ func TestBackfillTimeRange(t *testing.T) {
 // the marker's offset is never delivered as a record, and the reader does
 // not wait for it.
 func TestBackfillEndsAtATransactionMarker(t *testing.T) {
-	c := newCluster(t, "bf", 1)
+	c := newFakeCluster(t, notPorted, "bf", 1)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("bf"), kgo.TransactionalID("bf-txn"))
 	if err != nil {
 		t.Fatal(err)

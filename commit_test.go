@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -45,7 +46,7 @@ func waitPartition(t *testing.T, c *Consumer, commits <-chan struct{}, what stri
 // offset.metadata.max.bytes is 20: kpar must keep committing, with less
 // metadata, instead of failing every commit.
 func TestCommitMetadataFallsBackWhenTooLarge(t *testing.T) {
-	c := newCluster(t, "meta", 1)
+	c := newFakeCluster(t, "answers OffsetCommit with a kfake control", "meta", 1)
 	produce(t, c, "meta", 200, 200)
 	var refused int
 	var mu sync.Mutex
@@ -116,8 +117,9 @@ func TestCommitMetadataFallsBackWhenTooLarge(t *testing.T) {
 // metadata): nothing is skipped, every record from the committed offset on
 // is handled.
 func TestForeignCommitMetadataRedelivers(t *testing.T) {
-	c := newCluster(t, "foreign", 2)
-	produce(t, c, "foreign", 200, 200)
+	c := newFakeCluster(t, notPorted, "foreign", 2)
+	l := invariant.New(invariant.ByKey, 0)
+	produce(t, c, "foreign", 200, 200, l.Produced)
 	adm := adminClient(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -135,19 +137,19 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 	}
 
 	want := int(end[0]-5) + int(end[1]-7)
-	l := newLedger(want)
-	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.success(r); return nil })
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.Handled(r); return nil })
 	cons, err := New(h, testOpts(c, "foreign", "foreign")...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
-	waitFor(t, l.done, 20*time.Second, "every record from the committed offsets")
+	waitFor(t, l.Reached(int64(want)), 20*time.Second, "every record from the committed offsets")
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if distinct, _ := l.counts(); distinct != want {
-		t.Fatalf("handled %d distinct records, want %d", distinct, want)
+	// Nothing skipped, and nothing below the committed offsets handled.
+	if rep := l.Report(); rep.Handled != int64(want) || rep.Duplicates != 0 || rep.OrderViolations != 0 {
+		t.Fatalf("%+v, want %d handled once each, in key order", rep, want)
 	}
 }
 
@@ -157,17 +159,17 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 	for _, o := range []Order{ByKey, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {
-			c := newCluster(t, "slow", 1)
-			const n = 900               // below WindowRecords: the blocked record holds the window start
-			produce(t, c, "slow", n, n) // every record its own key
+			c := newFakeCluster(t, notPorted, "slow", 1)
+			const n = 900 // below WindowRecords: the blocked record holds the window start
+			l := invariant.New(invariant.ByKey, n-1)
+			produce(t, c, "slow", n, n, l.Produced) // every record its own key
 			release := make(chan struct{})
-			l := newLedger(n - 1)
 			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 				if r.Offset == 500 {
 					<-release
 					return nil
 				}
-				l.success(r)
+				l.Handled(r)
 				return nil
 			})
 			cons, err := New(h, append(testOpts(c, "slow", "slow"), Ordering(o), Concurrency(8))...)
@@ -175,7 +177,7 @@ func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 				t.Fatal(err)
 			}
 			stop := runConsumer(t, cons)
-			waitFor(t, l.done, 20*time.Second, "every record but the blocked one")
+			waitFor(t, l.AllHandled(), 20*time.Second, "every record but the blocked one")
 			close(release)
 			if err := stop(); err != nil {
 				t.Fatal(err)

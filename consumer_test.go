@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -25,9 +26,9 @@ import (
 func TestNoLossWithFailuresAndPanics(t *testing.T) {
 	const n, parts = 50_000, 8
 	c := newCluster(t, "orders", parts)
-	produce(t, c, "orders", n, 1000)
+	led := invariant.New(invariant.ByKey, n)
+	produce(t, c, "orders", n, 1000, led.Produced)
 
-	led := newLedger(n)
 	var failures, panics atomic.Int64
 	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
 		switch x := rand.IntN(1000); {
@@ -38,15 +39,15 @@ func TestNoLossWithFailuresAndPanics(t *testing.T) {
 			failures.Add(1)
 			return errors.New("injected failure")
 		}
-		led.success(r)
+		led.Handled(r)
 		return nil
 	})
-	cons, err := New(h, testOpts(c, "g", "orders")...)
+	cons, err := New(h, append(testOpts(c, "g", "orders"), WithHooks(newCommitWatch(led)))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
-	waitFor(t, led.done, 60*time.Second, "every record handled")
+	waitFor(t, led.AllHandled(), 60*time.Second, "every record handled")
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -56,8 +57,11 @@ func TestNoLossWithFailuresAndPanics(t *testing.T) {
 			t.Errorf("partition %d: committed %d, high watermark %d", p, committed[p], hwm)
 		}
 	}
-	distinct, dups := led.counts()
-	t.Logf("handled %d distinct, %d duplicates, %d injected failures, %d panics", distinct, dups, failures.Load(), panics.Load())
+	rep := led.Report()
+	t.Logf("%d injected failures, %d panics; %+v", failures.Load(), panics.Load(), rep)
+	if err := rep.Check(0); err != nil {
+		t.Fatal(err)
+	}
 	if failures.Load() == 0 || panics.Load() == 0 {
 		t.Fatal("the test injected no failures or no panics")
 	}
@@ -70,9 +74,9 @@ func TestOrderingModes(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			const n, parts, keys = 5000, 8, 100
 			c := newCluster(t, "events", parts)
-			produce(t, c, "events", n, keys)
+			led := invariant.New(ledgerOrder(mode), n)
+			produce(t, c, "events", n, keys, led.Produced)
 
-			led := newLedger(n)
 			var (
 				mu         sync.Mutex
 				nextSeq    = map[int]int{}     // key -> next expected sequence
@@ -98,23 +102,24 @@ func TestOrderingModes(t *testing.T) {
 				}
 				lastOffset[r.Partition] = r.Offset
 				mu.Unlock()
-				led.success(r)
+				led.Handled(r)
 				return nil
 			})
-			cons, err := New(h, append(testOpts(c, "g", "events"), Ordering(mode), Concurrency(32))...)
+			cons, err := New(h, append(testOpts(c, "g", "events"), Ordering(mode), Concurrency(32), WithHooks(newCommitWatch(led)))...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			stop := runConsumer(t, cons)
-			waitFor(t, led.done, 60*time.Second, "every record handled")
+			waitFor(t, led.AllHandled(), 60*time.Second, "every record handled")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
 			if len(violations) > 0 {
 				t.Fatalf("%d order violations, first: %s", len(violations), violations[0])
 			}
-			if _, dups := led.counts(); dups != 0 {
-				t.Errorf("%d duplicates without failures or rebalances", dups)
+			// No duplicates without failures or rebalances.
+			if err := led.Report().Check(0); err != nil {
+				t.Error(err)
 			}
 			// Parallelism actually happened: more than one record at once
 			// (Partition mode is bounded by the 8 partitions).
@@ -131,8 +136,9 @@ func TestOrderingModes(t *testing.T) {
 // the handler is released.
 func TestBackPressurePausesAndResumes(t *testing.T) {
 	const n, window = 500, 40
-	c := newCluster(t, "slow", 1)
-	produce(t, c, "slow", n, 50)
+	c := newFakeCluster(t, notPorted, "slow", 1)
+	led := invariant.New(invariant.Unordered, n)
+	produce(t, c, "slow", n, 50, led.Produced)
 
 	gate := make(chan struct{})
 	paused, resumed := make(chan struct{}), make(chan struct{})
@@ -145,7 +151,6 @@ func TestBackPressurePausesAndResumes(t *testing.T) {
 		},
 		onResume: func(int) { resumedOnce.Do(func() { close(resumed) }) },
 	}
-	led := newLedger(n)
 	var cons *Consumer
 	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 		for _, p := range cons.Partitions() {
@@ -156,7 +161,7 @@ func TestBackPressurePausesAndResumes(t *testing.T) {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		led.success(r)
+		led.Handled(r)
 		return nil
 	})
 	cons, err := New(h, append(testOpts(c, "g", "slow"), Ordering(Unordered), Concurrency(8),
@@ -172,9 +177,12 @@ func TestBackPressurePausesAndResumes(t *testing.T) {
 	}
 	close(gate)
 	waitFor(t, resumed, 20*time.Second, "the partition to resume")
-	waitFor(t, led.done, 30*time.Second, "every record handled")
+	waitFor(t, led.AllHandled(), 30*time.Second, "every record handled")
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+	if err := led.Report().Check(0); err != nil {
+		t.Fatal(err)
 	}
 	if m := maxBuffered.Load(); m > window {
 		t.Fatalf("window held %d records; limit %d", m, window)
@@ -195,15 +203,15 @@ func (h *pauseHook) OnPartitionResumed(_ string, _ int32, buffered int) { h.onRe
 func TestRebalanceLosesNothing(t *testing.T) {
 	const n, parts, window = 20_000, 8, 100
 	c := newCluster(t, "rb", parts)
-	produce(t, c, "rb", n, 500)
+	led := invariant.New(invariant.ByKey, n)
+	produce(t, c, "rb", n, 500, led.Produced)
 
-	led := newLedger(n)
 	third, half := make(chan struct{}), make(chan struct{})
 	var handled atomic.Int64
 	var thirdOnce, halfOnce sync.Once
 	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
 		time.Sleep(50 * time.Microsecond)
-		led.success(r)
+		led.Handled(r)
 		switch handled.Add(1) {
 		case n / 3:
 			thirdOnce.Do(func() { close(third) })
@@ -213,7 +221,7 @@ func TestRebalanceLosesNothing(t *testing.T) {
 		return nil
 	})
 	newMember := func() *Consumer {
-		cons, err := New(h, append(testOpts(c, "g", "rb"), Concurrency(16), WindowRecords(window))...)
+		cons, err := New(h, append(testOpts(c, "g", "rb"), Concurrency(16), WindowRecords(window), WithHooks(newCommitWatch(led)))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,14 +235,15 @@ func TestRebalanceLosesNothing(t *testing.T) {
 	if err := stopA(); err != nil {
 		t.Fatalf("member A: %v", err)
 	}
-	waitFor(t, led.done, 60*time.Second, "every record handled")
-	distinct, dups := led.counts()
+	waitFor(t, led.AllHandled(), 60*time.Second, "every record handled")
 	// Two rebalances revoke at most every partition once each; a revoked
-	// partition re-delivers at most its window.
-	if bound := 2 * parts * window; dups > bound {
-		t.Fatalf("%d duplicates; bound %d", dups, bound)
+	// partition re-delivers at most its window. Key order holds across
+	// the hand-overs.
+	rep := led.Report()
+	if err := rep.Check(2 * parts * window); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("handled %d distinct records, %d duplicates", distinct, dups)
+	t.Logf("%+v", rep)
 }
 
 // TestCrashRedeliversUnfinishedRecord reproduces the loss scenario of the
@@ -252,7 +261,7 @@ func TestCrashRedeliversOnlyUnfinishedRecord(t *testing.T) {
 		crashChild()
 		return
 	}
-	c := newCluster(t, "crash", 1)
+	c := newFakeCluster(t, notPorted, "crash", 1)
 	produce(t, c, "crash", 100, 100)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -361,7 +370,7 @@ type commitHook func(map[string]map[int32]int64, error)
 func (f commitHook) OnCommit(offs map[string]map[int32]int64, err error) { f(offs, err) }
 
 func TestRunTwiceConcurrentlyFails(t *testing.T) {
-	c := newCluster(t, "t", 1)
+	c := newFakeCluster(t, notPorted, "t", 1)
 	started := make(chan struct{})
 	var once sync.Once
 	hook := assignHook(func() { once.Do(func() { close(started) }) })
@@ -390,9 +399,9 @@ func (f assignHook) OnPartitionsAssigned(map[string][]int32) { f() }
 
 func TestBatchHandlerGetsOnePartitionInOrder(t *testing.T) {
 	const n = 3000
-	c := newCluster(t, "b", 4)
-	produce(t, c, "b", n, 30)
-	led := newLedger(n)
+	c := newFakeCluster(t, notPorted, "b", 4)
+	led := invariant.New(invariant.ByKey, n)
+	produce(t, c, "b", n, 30, led.Produced)
 	var bad atomic.Value
 	var maxLen atomic.Int64
 	h := BatchHandlerFunc(func(_ context.Context, rs []*kgo.Record) error {
@@ -402,7 +411,7 @@ func TestBatchHandlerGetsOnePartitionInOrder(t *testing.T) {
 				bad.Store(fmt.Sprintf("batch mixes records: %s/%d@%d after %s/%d@%d",
 					r.Key, r.Partition, r.Offset, rs[i-1].Key, rs[i-1].Partition, rs[i-1].Offset))
 			}
-			led.success(r)
+			led.Handled(r)
 		}
 		return nil
 	})
@@ -411,12 +420,15 @@ func TestBatchHandlerGetsOnePartitionInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
-	waitFor(t, led.done, 30*time.Second, "every record handled")
+	waitFor(t, led.AllHandled(), 30*time.Second, "every record handled")
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if v := bad.Load(); v != nil {
 		t.Fatal(v)
+	}
+	if err := led.Report().Check(0); err != nil {
+		t.Fatal(err)
 	}
 	if maxLen.Load() > 50 || maxLen.Load() < 2 {
 		t.Fatalf("largest batch %d; want 2..50", maxLen.Load())
@@ -521,7 +533,7 @@ func TestOrderText(t *testing.T) {
 // not ShutdownTimeout for the drain, again for the workers and then
 // RevokeTimeout when leaving the group.
 func TestShutdownIsBoundedByShutdownTimeout(t *testing.T) {
-	c := newCluster(t, "bounded", 1)
+	c := newFakeCluster(t, notPorted, "bounded", 1)
 	produce(t, c, "bounded", 10, 10)
 	started := make(chan struct{})
 	unblock := make(chan struct{})
@@ -553,7 +565,7 @@ func TestShutdownIsBoundedByShutdownTimeout(t *testing.T) {
 // Unordered one in the same group: the second must fail with
 // ErrOrderingMismatch instead of breaking per-key order.
 func TestMembersWithAnotherOrderingAreRefused(t *testing.T) {
-	c := newCluster(t, "mixed", 2)
+	c := newFakeCluster(t, notPorted, "mixed", 2)
 	produce(t, c, "mixed", 10, 10)
 	assigned := make(chan struct{})
 	var once sync.Once

@@ -24,21 +24,21 @@ import (
 // it on a cluster, and the URL its letters are read back from.
 type sinkCase struct {
 	name string
-	open func(t *testing.T, c *kfake.Cluster) (deadletter.Sink, string)
+	open func(t *testing.T, c cluster) (deadletter.Sink, string)
 }
 
 func sinkCases() []sinkCase {
 	return []sinkCase{
-		{"kafka", func(t *testing.T, c *kfake.Cluster) (deadletter.Sink, string) {
+		{"kafka", func(t *testing.T, c cluster) (deadletter.Sink, string) {
 			cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(cl.Close)
 			createTopic(t, c, "poison.dlq", 1)
-			return deadletter.NewKafkaSink(cl), "kafka://" + c.ListenAddrs()[0] + "/poison.dlq"
+			return deadletter.NewKafkaSink(cl), "kafka://" + c.ListenAddrs()[0] + "/" + nameIn(c, "poison.dlq")
 		}},
-		{"file", func(t *testing.T, _ *kfake.Cluster) (deadletter.Sink, string) {
+		{"file", func(t *testing.T, _ cluster) (deadletter.Sink, string) {
 			path := filepath.Join(t.TempDir(), "dlq.jsonl")
 			s, err := deadletter.NewFileSink(path)
 			if err != nil {
@@ -83,7 +83,7 @@ func committedTo(topic string, want int64) (commitHook, <-chan struct{}) {
 // partition's committed offset reaches the high watermark.
 func TestPoisonRecordEndsInEachSink(t *testing.T) {
 	for _, sc := range sinkCases() {
-		t.Run(sc.name, func(t *testing.T) {
+		forEachMode(t, sc.name+"/", func(t *testing.T, mode orderMode) {
 			const n, poison = 200, 50
 			c := newCluster(t, "poison", 1)
 			produce(t, c, "poison", n, 10)
@@ -97,8 +97,8 @@ func TestPoisonRecordEndsInEachSink(t *testing.T) {
 				}
 				return nil
 			})
-			hook, done := committedTo("poison", n)
-			cons, err := New(h, append(testOpts(c, "g", "poison"), MaxAttempts(3), DeadLetters(sink), WithHooks(hook))...)
+			hook, done := committedTo(c.name("poison"), n)
+			cons, err := New(h, append(testOpts(c, "g", "poison"), Ordering(mode.order), MaxAttempts(3), DeadLetters(sink), WithHooks(hook))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -112,8 +112,8 @@ func TestPoisonRecordEndsInEachSink(t *testing.T) {
 				t.Fatalf("%d dead letters, want 1: %+v", len(letters), letters)
 			}
 			l := letters[0]
-			if l.ID() != fmt.Sprintf("poison/0/%d", poison) || l.Class != deadletter.ClassExhausted ||
-				l.Attempts != 3 || l.Group != "g" || l.Message != "cannot parse order" {
+			if l.ID() != fmt.Sprintf("%s/0/%d", c.name("poison"), poison) || l.Class != deadletter.ClassExhausted ||
+				l.Attempts != 3 || l.Group != c.name("g") || l.Message != "cannot parse order" {
 				t.Fatalf("dead letter %s class %s attempts %d group %q message %q", l.ID(), l.Class, l.Attempts, l.Group, l.Message)
 			}
 			if l.FirstFailure.IsZero() || l.LastFailure.Before(l.FirstFailure) {
@@ -182,7 +182,7 @@ func TestFailureClasses(t *testing.T) {
 		{"timeout", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, deadletter.ClassTimeout, 3},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
+		forEachMode(t, tc.name+"/", func(t *testing.T, mode orderMode) {
 			c := newCluster(t, "cls", 1)
 			produce(t, c, "cls", 1, 1)
 			var calls atomic.Int64
@@ -191,7 +191,7 @@ func TestFailureClasses(t *testing.T) {
 				return tc.handler(ctx)
 			})
 			rec := newRecorder()
-			cons, err := New(h, append(testOpts(c, "g", "cls"), MaxAttempts(3), AttemptTimeout(50*time.Millisecond),
+			cons, err := New(h, append(testOpts(c, "g", "cls"), Ordering(mode.order), MaxAttempts(3), AttemptTimeout(50*time.Millisecond),
 				DeadLetters(&memSink{}), WithHooks(rec))...)
 			if err != nil {
 				t.Fatal(err)
@@ -226,8 +226,13 @@ func containsAll(s string, subs ...string) bool {
 }
 
 // TestStuckRecordIsReported: a window start that does not move for
-// StuckAfter is reported once, with its offset.
+// StuckAfter is reported once, with its offset, in every ordering mode (in
+// ByKey and ByPartition the records behind it wait too: one key).
 func TestStuckRecordIsReported(t *testing.T) {
+	forEachMode(t, "", testStuckRecordIsReported)
+}
+
+func testStuckRecordIsReported(t *testing.T, mode orderMode) {
 	c := newCluster(t, "stuck", 1)
 	produce(t, c, "stuck", 20, 1)
 	release := make(chan struct{})
@@ -241,7 +246,7 @@ func TestStuckRecordIsReported(t *testing.T) {
 		return nil
 	})
 	rec := newRecorder()
-	cons, err := New(h, append(testOpts(c, "g", "stuck"), Ordering(Unordered), StuckAfter(100*time.Millisecond),
+	cons, err := New(h, append(testOpts(c, "g", "stuck"), Ordering(mode.order), StuckAfter(100*time.Millisecond),
 		AttemptTimeout(20*time.Second), WithHooks(rec))...)
 	if err != nil {
 		t.Fatal(err)
@@ -264,12 +269,29 @@ func TestStuckRecordIsReported(t *testing.T) {
 }
 
 // TestSinkOutageHoldsTheWindow: while the Kafka dead-letter topic refuses
-// writes, no commit passes the poison record and other records go on; once
-// it accepts, the record is in the DLQ and the window moves on.
+// writes, no commit passes the poison record and the records not behind it
+// go on (in ByKey the other keys, in Unordered all); once it accepts, the
+// record is in the DLQ and the window moves on. In every ordering mode.
 func TestSinkOutageHoldsTheWindow(t *testing.T) {
-	const n, poison = 100, 10
-	c := newCluster(t, "out", 1)
-	produce(t, c, "out", n, 5)
+	forEachMode(t, "", testSinkOutageHoldsTheWindow)
+}
+
+func testSinkOutageHoldsTheWindow(t *testing.T, mode orderMode) {
+	t.Parallel() // mostly waits out the sink's backoff
+	const n, poison, keys = 100, 10, 5
+	c := newFakeCluster(t, "injects produce faults", "out", 1)
+	l := invariant.New(mode.check, n)
+	produce(t, c, "out", n, keys, l.Produced)
+	// One partition: record i is at offset i, with key i%keys. What may
+	// finish while the poison record waits for the sink:
+	healthy := int64(0)
+	for i := range n {
+		switch {
+		case i == poison:
+		case i < poison, mode.order == Unordered, mode.order == ByKey && i%keys != poison%keys:
+			healthy++
+		}
+	}
 	createTopic(t, c, "out.dlq", 1)
 	outage := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "out.dlq", Err: kerr.NotLeaderForPartition, Count: -1})
 
@@ -284,13 +306,14 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 		if r.Offset == poison {
 			return Permanent(errors.New("poison"))
 		}
+		l.Handled(r)
 		handled.Add(1)
 		return nil
 	})
 	watch := newOutageWatch("out")
 	done, doneCh := committedTo("out", n)
-	cons, err := New(h, append(testOpts(c, "g", "out"), Ordering(Unordered), RetryBackoff(10*time.Millisecond, 50*time.Millisecond),
-		DeadLetters(deadletter.NewKafkaSink(cl)), WithHooks(watch, done))...)
+	cons, err := New(h, append(testOpts(c, "g", "out"), Ordering(mode.order), RetryBackoff(10*time.Millisecond, 50*time.Millisecond),
+		DeadLetters(deadletter.NewKafkaSink(cl)), WithHooks(watch, done, newCommitWatch(l)))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,8 +322,12 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 	for range 3 {
 		watch.waitFailedWrite(t, "the sink outage was never hit")
 	}
-	for handled.Load() < n-1 {
-		watch.waitFailedWrite(t, fmt.Sprintf("only %d of %d healthy records handled during the outage", handled.Load(), n-1))
+	for handled.Load() < healthy {
+		watch.waitFailedWrite(t, fmt.Sprintf("only %d of %d healthy records handled during the outage", handled.Load(), healthy))
+	}
+	watch.waitFailedWrite(t, "the sink outage ended by itself")
+	if got := handled.Load(); got != healthy {
+		t.Fatalf("%d records handled during the outage, want the %d not behind the poison record", got, healthy)
 	}
 	if during := watch.committed(); during > poison {
 		t.Fatalf("committed %d during the outage, past the unfinished offset %d", during, poison)
@@ -313,6 +340,9 @@ func TestSinkOutageHoldsTheWindow(t *testing.T) {
 	letters := readLetters(t, "kafka://"+c.ListenAddrs()[0]+"/out.dlq")
 	if len(letters) != 1 || letters[0].Record.Offset != poison {
 		t.Fatalf("dead letters after the outage: %d, want the one at %d", len(letters), poison)
+	}
+	if err := l.Report().Check(0); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -367,6 +397,10 @@ func (w *outageWatch) waitFailedWrite(t *testing.T, msg string) {
 // than its due time, while the records behind it in its partition are not
 // held back.
 func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
+	forEachMode(t, "", testRetryTopicDelaysWithoutBlocking)
+}
+
+func testRetryTopicDelaysWithoutBlocking(t *testing.T, mode orderMode) {
 	const n, flaky = 50, 3
 	const delay = 700 * time.Millisecond
 	c := newCluster(t, "rt", 1)
@@ -396,14 +430,14 @@ func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
 			failedAt = time.Now()
 			return errors.New("downstream busy")
 		}
-		if r.Topic != "rt" || r.Partition != 0 {
-			t.Errorf("retried record shows as %s/%d, want the original rt/0", r.Topic, r.Partition)
+		if r.Topic != c.name("rt") || r.Partition != 0 {
+			t.Errorf("retried record shows as %s/%d, want the original %s/0", r.Topic, r.Partition, c.name("rt"))
 		}
 		retriedAt = time.Now()
 		close(done)
 		return nil
 	})
-	cons, err := New(h, append(testOpts(c, "g", "rt"), Ordering(Unordered), MaxAttempts(2),
+	cons, err := New(h, append(testOpts(c, "g", "rt"), Ordering(mode.order), MaxAttempts(2),
 		RetryTopics(delay), DeadLetters(&memSink{}))...)
 	if err != nil {
 		t.Fatal(err)
@@ -427,9 +461,15 @@ func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
 }
 
 // TestRetriesDoNotStarveHealthyPartitions: records waiting for retries do
-// not count against MaxBufferedBytes, so a partition whose records all fail
-// cannot stop the fetching of a healthy one.
+// not count against MaxBufferedBytes, and those queued behind them in their
+// key's or partition's lane pause only their own partition once the budget
+// is full, so a partition whose records all fail cannot stop the fetching
+// of a healthy one, in any ordering mode.
 func TestRetriesDoNotStarveHealthyPartitions(t *testing.T) {
+	forEachMode(t, "", testRetriesDoNotStarveHealthyPartitions)
+}
+
+func testRetriesDoNotStarveHealthyPartitions(t *testing.T, mode orderMode) {
 	const failing, healthy = 200, 2000
 	c := newCluster(t, "mixed", 2)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
@@ -440,11 +480,13 @@ func TestRetriesDoNotStarveHealthyPartitions(t *testing.T) {
 	defer cancel()
 	var recs []*kgo.Record
 	for i := range failing + healthy {
-		p := int32(1)
+		r := &kgo.Record{Topic: c.name("mixed"), Partition: 1, Value: make([]byte, 10<<10)}
 		if i < failing {
-			p = 0
+			// One key: in ByKey too, the records behind the first
+			// failing one queue in its lane.
+			r.Partition, r.Key = 0, []byte("down")
 		}
-		recs = append(recs, &kgo.Record{Topic: "mixed", Partition: p, Value: make([]byte, 10<<10)})
+		recs = append(recs, r)
 	}
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
@@ -464,7 +506,7 @@ func TestRetriesDoNotStarveHealthyPartitions(t *testing.T) {
 	})
 	// 1 MiB holds ~100 records: half of partition 0's failing ones, and
 	// the healthy partition needs several fetches.
-	cons, err := New(h, append(testOpts(c, "g", "mixed"), Ordering(Unordered), MaxBufferedBytes(1<<20),
+	cons, err := New(h, append(testOpts(c, "g", "mixed"), Ordering(mode.order), MaxBufferedBytes(1<<20),
 		RetryBackoff(50*time.Millisecond, 200*time.Millisecond), ShutdownTimeout(100*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
@@ -479,43 +521,83 @@ func TestRetriesDoNotStarveHealthyPartitions(t *testing.T) {
 // ByPartition a record's first success never overtakes an earlier record
 // of its key or partition, retried ones included (internal/ledger checks).
 func TestRetriesKeepOrderInEveryMode(t *testing.T) {
-	for _, mode := range []struct {
-		order Order
-		check invariant.Order
-	}{{ByKey, invariant.ByKey}, {ByPartition, invariant.ByPartition}, {Unordered, invariant.Unordered}} {
-		t.Run(mode.order.String(), func(t *testing.T) {
-			const n, keys = 3000, 40
-			c := newCluster(t, "order", 4)
-			l := invariant.New(mode.check, n)
-			produce(t, c, "order", n, keys, l.Produced)
-			var tries sync.Map // "p/offset" -> attempts so far
-			h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-				k := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
-				v, _ := tries.LoadOrStore(k, new(atomic.Int64))
-				if v.(*atomic.Int64).Add(1) == 1 {
-					switch r.Offset % 20 {
-					case 3:
-						return errors.New("downstream hiccup")
-					case 11:
-						panic("bad luck")
-					}
+	forEachMode(t, "", func(t *testing.T, mode orderMode) {
+		const n, keys = 3000, 40
+		c := newCluster(t, "order", 4)
+		l := invariant.New(mode.check, n)
+		produce(t, c, "order", n, keys, l.Produced)
+		var tries sync.Map // "p/offset" -> attempts so far
+		h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+			k := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
+			v, _ := tries.LoadOrStore(k, new(atomic.Int64))
+			if v.(*atomic.Int64).Add(1) == 1 {
+				switch r.Offset % 20 {
+				case 3:
+					return errors.New("downstream hiccup")
+				case 11:
+					panic("bad luck")
 				}
-				l.Handled(r)
-				return nil
-			})
-			cons, err := New(h, append(testOpts(c, "g", "order"), Ordering(mode.order), MaxAttempts(5))...)
-			if err != nil {
-				t.Fatal(err)
 			}
-			stop := runConsumer(t, cons)
-			waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
-			rep := l.Report()
-			if rep.Lost != 0 || rep.OrderViolations != 0 || rep.Unexpected != 0 {
-				t.Fatalf("%+v: want nothing lost, no order violations", rep)
-			}
+			l.Handled(r)
+			return nil
 		})
+		cons, err := New(h, append(testOpts(c, "g", "order"), Ordering(mode.order), MaxAttempts(5),
+			WithHooks(newCommitWatch(l)))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runConsumer(t, cons)
+		waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Report().Check(0); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// forEachMode runs test as a subtest per ordering mode, named prefix and
+// the mode: one behavioural suite over the three modes.
+func forEachMode(t *testing.T, prefix string, test func(t *testing.T, mode orderMode)) {
+	t.Helper()
+	for _, mode := range orderModes() {
+		t.Run(prefix+mode.order.String(), func(t *testing.T) { test(t, mode) })
 	}
+}
+
+// TestBatchRetriesKeepOrderInEveryMode is TestRetriesKeepOrderInEveryMode
+// for the batch handler: a failed batch is retried, and in ByKey and
+// ByPartition no record's first success overtakes an earlier record of its
+// key or partition.
+func TestBatchRetriesKeepOrderInEveryMode(t *testing.T) {
+	forEachMode(t, "", func(t *testing.T, mode orderMode) {
+		const n, keys = 3000, 40
+		c := newCluster(t, "border", 4)
+		l := invariant.New(mode.check, n)
+		produce(t, c, "border", n, keys, l.Produced)
+		var batches atomic.Int64
+		h := BatchHandlerFunc(func(_ context.Context, rs []*kgo.Record) error {
+			if batches.Add(1)%10 == 3 {
+				return errors.New("downstream hiccup")
+			}
+			for _, r := range rs {
+				l.Handled(r)
+			}
+			return nil
+		})
+		cons, err := NewBatch(h, append(testOpts(c, "g", "border"), Ordering(mode.order), MaxAttempts(5), BatchSize(20),
+			Concurrency(8), WithHooks(newCommitWatch(l)))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runConsumer(t, cons)
+		waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Report().Check(0); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -12,51 +13,44 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
+
+	"github.com/kpar/kpar/deadletter"
+	invariant "github.com/kpar/kpar/internal/ledger"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// newCluster starts an in-process kfake broker with topic (partitions
-// partitions) and short group timeouts, so rebalances take well under a
-// second.
-func newCluster(t testing.TB, topic string, partitions int32) *kfake.Cluster {
-	t.Helper()
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
-		kfake.SeedTopics(partitions, topic),
-		kfake.AllowAutoTopicCreation(),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
-
 // testOpts are the options every test consumer shares: fast heartbeats
 // and commits, short timeouts.
-func testOpts(c *kfake.Cluster, group, topic string) []ConsumerOpt {
+//
+// On a real cluster the session timeout is 6s, the least Kafka allows by
+// default (group.min.session.timeout.ms), and group and topic get the
+// test's prefix.
+func testOpts(c cluster, group, topic string) []ConsumerOpt {
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("KPAR_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
+	heartbeat, session := 100*time.Millisecond, 2*time.Second
+	if onRealCluster(c) {
+		heartbeat, session = 500*time.Millisecond, testkit.RealSessionTimeout
+	}
 	return []ConsumerOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
-		Group(group),
-		Topics(topic),
+		Group(nameIn(c, group)),
+		Topics(nameIn(c, topic)),
 		CommitInterval(50 * time.Millisecond),
 		RetryBackoff(time.Millisecond, 10*time.Millisecond),
 		ShutdownTimeout(10 * time.Second),
 		ClientOptions(
-			kgo.HeartbeatInterval(100*time.Millisecond),
-			kgo.SessionTimeout(2*time.Second),
+			kgo.HeartbeatInterval(heartbeat),
+			kgo.SessionTimeout(session),
 			kgo.RebalanceTimeout(5*time.Second),
 			kgo.FetchMaxWait(100*time.Millisecond),
 		),
@@ -84,8 +78,9 @@ func decodeValue(b []byte) produced {
 // produce writes n records spread over keys keys (key i%keys), each value
 // carrying (key, per-key sequence). Records of one key land in one
 // partition, in production order.
-func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int, onAck ...func(*kgo.Record)) {
+func produce(t testing.TB, c cluster, topic string, n, keys int, onAck ...func(*kgo.Record)) {
 	t.Helper()
+	topic = nameIn(c, topic)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -127,8 +122,9 @@ func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int, onAck ..
 
 // offsets returns the group's committed offsets and the topic's high
 // watermarks.
-func offsets(t testing.TB, c *kfake.Cluster, group, topic string) (committed, end map[int32]int64) {
+func offsets(t testing.TB, c cluster, group, topic string) (committed, end map[int32]int64) {
 	t.Helper()
+	group, topic = nameIn(c, group), nameIn(c, topic)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
@@ -190,45 +186,19 @@ func waitFor(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
 	}
 }
 
-// ledger records which records were handled successfully, and how often.
-type ledger struct {
-	mu      sync.Mutex
-	ok      map[string]int // "p/offset" -> successful handlings
-	target  int
-	done    chan struct{}
-	reached bool
-}
-
-func newLedger(target int) *ledger {
-	return &ledger{ok: make(map[string]int), target: target, done: make(chan struct{})}
-}
-
-// success records a successful handling and returns how often r has been
-// handled successfully before.
-func (l *ledger) success(r *kgo.Record) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	k := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
-	before := l.ok[k]
-	l.ok[k]++
-	if !l.reached && len(l.ok) >= l.target {
-		l.reached = true
-		close(l.done)
+// ledgerOrder is the order internal/ledger checks for an ordering mode.
+func ledgerOrder(o Order) invariant.Order {
+	switch o {
+	case ByKey:
+		return invariant.ByKey
+	case ByPartition:
+		return invariant.ByPartition
 	}
-	return before
-}
-
-func (l *ledger) counts() (distinct, duplicates int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.ok {
-		duplicates += n - 1
-	}
-	return len(l.ok), duplicates
+	return invariant.Unordered
 }
 
 // adminClient returns an admin client of c, closed when the test ends.
-func adminClient(t testing.TB, c *kfake.Cluster) *kadm.Client {
+func adminClient(t testing.TB, c cluster) *kadm.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
@@ -239,11 +209,16 @@ func adminClient(t testing.TB, c *kfake.Cluster) *kadm.Client {
 }
 
 // createTopic creates a topic on c.
-func createTopic(t testing.TB, c *kfake.Cluster, topic string, partitions int32) {
+func createTopic(t testing.TB, c cluster, topic string, partitions int32) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := adminClient(t, c).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+	// Replication factor -1: the broker's default (1 on kfake).
+	resp, err := adminClient(t, c).CreateTopic(ctx, partitions, -1, nil, nameIn(c, topic))
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 }
@@ -255,3 +230,125 @@ func (h countingHandler) Enabled(context.Context, slog.Level) bool  { return tru
 func (h countingHandler) Handle(context.Context, slog.Record) error { h.n.Add(1); return nil }
 func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
 func (h countingHandler) WithGroup(string) slog.Handler             { return h }
+
+// commitWatch is the hook that feeds a run's commits and dead letters to
+// its ledger, and lets a test wait until the commits reached given
+// offsets.
+type commitWatch struct {
+	l *invariant.Ledger
+
+	mu        sync.Mutex // guards the fields below
+	committed map[string]map[int32]int64
+	changed   chan struct{} // closed and replaced on each commit
+}
+
+func newCommitWatch(l *invariant.Ledger) *commitWatch {
+	return &commitWatch{l: l, committed: map[string]map[int32]int64{}, changed: make(chan struct{})}
+}
+
+// OnCommit: what the hook is given succeeded (a failed partition is left
+// out), so each offset is checked against the unfinished records.
+func (w *commitWatch) OnCommit(offs map[string]map[int32]int64, _ error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for topic, ps := range offs {
+		if w.committed[topic] == nil {
+			w.committed[topic] = map[int32]int64{}
+		}
+		for p, o := range ps {
+			w.l.Committed(topic, p, o)
+			w.committed[topic][p] = max(w.committed[topic][p], o)
+		}
+	}
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+func (w *commitWatch) OnDeadLettered(l deadletter.Letter) { w.l.DeadLettered(l.Record) }
+
+// waitAll waits until every partition in want has a commit at or past its
+// offset.
+func (w *commitWatch) waitAll(t testing.TB, want map[string]map[int32]int64, d time.Duration) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		w.mu.Lock()
+		var behind []string
+		for topic, ps := range want {
+			for p, o := range ps {
+				if got := w.committed[topic][p]; got < o {
+					behind = append(behind, fmt.Sprintf("%s/%d at %d of %d", topic, p, got, o))
+				}
+			}
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		if len(behind) == 0 {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("commits behind after %v: %v", d, behind)
+		}
+	}
+}
+
+// total is the sum of the offsets committed for topic's partitions: the
+// records below the commit points, as partitions start at 0.
+func (w *commitWatch) total(topic string) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var n int64
+	for _, o := range w.committed[topic] {
+		n += o
+	}
+	return n
+}
+
+// waitTotal waits until total(topic) is at least want.
+func (w *commitWatch) waitTotal(t testing.TB, topic string, want int64, d time.Duration) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		w.mu.Lock()
+		ch := w.changed
+		w.mu.Unlock()
+		if w.total(topic) >= want {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("commits of %s total %d after %v, want %d", topic, w.total(topic), d, want)
+		}
+	}
+}
+
+// ends collects the end offsets of what a test produced, from the
+// acknowledgements.
+type ends struct {
+	mu   sync.Mutex
+	next map[string]map[int32]int64
+}
+
+func newEnds() *ends { return &ends{next: map[string]map[int32]int64{}} }
+
+func (e *ends) ack(r *kgo.Record) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.next[r.Topic] == nil {
+		e.next[r.Topic] = map[int32]int64{}
+	}
+	e.next[r.Topic][r.Partition] = max(e.next[r.Topic][r.Partition], r.Offset+1)
+}
+
+func (e *ends) snapshot() map[string]map[int32]int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]map[int32]int64{}
+	for topic, ps := range e.next {
+		out[topic] = maps.Clone(ps)
+	}
+	return out
+}

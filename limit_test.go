@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -34,14 +35,14 @@ func capacityHandler(capacity int64, work time.Duration, done func(*kgo.Record))
 // near 16, and no record exhausts its attempts on the rejections.
 func TestAdaptiveConcurrencyDeadLettersNothing(t *testing.T) {
 	const n = 3000
-	c := newCluster(t, "adaptive", 4)
-	produce(t, c, "adaptive", n, n)
-	l := newLedger(n)
+	c := newFakeCluster(t, notPorted, "adaptive", 4)
+	l := invariant.New(invariant.Unordered, n)
+	produce(t, c, "adaptive", n, n, l.Produced)
 	sink := &memSink{}
 	var maxLimit atomic.Int64
 	var cons *Consumer
 	h := capacityHandler(16, 2*time.Millisecond, func(r *kgo.Record) {
-		l.success(r)
+		l.Handled(r)
 		if c := cons; c != nil {
 			if lim := int64(c.ConcurrencyLimit()); lim > maxLimit.Load() {
 				maxLimit.Store(lim)
@@ -55,7 +56,7 @@ func TestAdaptiveConcurrencyDeadLettersNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
-	waitFor(t, l.done, 60*time.Second, "every record handled")
+	waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
 	final := cons.ConcurrencyLimit()
 	if err := stop(); err != nil {
 		t.Fatal(err)

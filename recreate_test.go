@@ -26,7 +26,7 @@ func TestRecreatedTopicIsConsumedAgain(t *testing.T) {
 
 func testRecreatedTopic(t *testing.T, members bool) {
 	const topic = "recreated"
-	c := newCluster(t, topic, 2)
+	c := newFakeCluster(t, notPorted, topic, 2)
 	var (
 		mu   sync.Mutex
 		seen = map[string]bool{}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/deadletter"
+	invariant "github.com/kpar/kpar/internal/ledger"
 )
 
 // newShareCluster starts kfake with topic and share-group locks of lock
@@ -146,9 +147,9 @@ func TestShareOptionsRejectWhatShareGroupsCannotKeep(t *testing.T) {
 func TestShareTwoMembersShareOnePartition(t *testing.T) {
 	const topic, n = "share-two", 400
 	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
-	produce(t, c, topic, n, 50)
+	l := invariant.New(invariant.Unordered, n)
+	produce(t, c, topic, n, 50, l.Produced)
 
-	l := newLedger(n)
 	var got [2]atomic.Int64
 	bothGot := make(chan struct{})
 	var once sync.Once
@@ -167,7 +168,7 @@ func TestShareTwoMembersShareOnePartition(t *testing.T) {
 					return ctx.Err()
 				}
 			}
-			l.success(r)
+			l.Handled(r)
 			return nil
 		})
 	}
@@ -175,7 +176,7 @@ func TestShareTwoMembersShareOnePartition(t *testing.T) {
 		runShare(t, c, topic, handler(i), Concurrency(4))
 	}
 	waitFor(t, bothGot, 20*time.Second, "both members to receive records")
-	waitFor(t, l.done, 30*time.Second, "every record handled")
+	waitFor(t, l.AllHandled(), 30*time.Second, "every record handled")
 	if got[0].Load() == 0 || got[1].Load() == 0 {
 		t.Fatalf("records per member %d and %d: want both above 0", got[0].Load(), got[1].Load())
 	}
@@ -188,9 +189,9 @@ func TestShareTwoMembersShareOnePartition(t *testing.T) {
 func TestShareRetriesLocallyThenAccepts(t *testing.T) {
 	const topic, n = "share-retry", 20
 	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
-	produce(t, c, topic, n, 5)
+	l := invariant.New(invariant.Unordered, n)
+	produce(t, c, topic, n, 5, l.Produced)
 
-	l := newLedger(n)
 	var mu sync.Mutex
 	attempts := map[int64]int{}
 	cons, stop := runShare(t, c, topic, HandlerFunc(func(_ context.Context, r *kgo.Record) error {
@@ -204,10 +205,10 @@ func TestShareRetriesLocallyThenAccepts(t *testing.T) {
 		if r.Offset%4 == 0 && a < 3 {
 			return errors.New("flaky")
 		}
-		l.success(r)
+		l.Handled(r)
 		return nil
 	}), MaxAttempts(3))
-	waitFor(t, l.done, 20*time.Second, "every record handled")
+	waitFor(t, l.AllHandled(), 20*time.Second, "every record handled")
 	st := awaitShareStats(t, cons, 10*time.Second, "all accepted", func(s ShareStats) bool { return s.Accepted == n })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -450,9 +451,9 @@ func TestShareAttemptTimeoutCancelsTheHandler(t *testing.T) {
 func TestShareByKeyRunsOneRecordPerKeyAtATime(t *testing.T) {
 	const topic, n, keys = "share-keys", 300, 5
 	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
-	produce(t, c, topic, n, keys)
+	l := invariant.New(invariant.Unordered, n)
+	produce(t, c, topic, n, keys, l.Produced)
 
-	l := newLedger(n)
 	var mu sync.Mutex
 	running := map[string]int{}
 	last := map[string]int64{}
@@ -472,10 +473,10 @@ func TestShareByKeyRunsOneRecordPerKeyAtATime(t *testing.T) {
 		mu.Lock()
 		running[k]--
 		mu.Unlock()
-		l.success(r)
+		l.Handled(r)
 		return nil
 	}), Concurrency(16))
-	waitFor(t, l.done, 20*time.Second, "every record handled")
+	waitFor(t, l.AllHandled(), 20*time.Second, "every record handled")
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -486,9 +487,9 @@ func TestShareByKeyRunsOneRecordPerKeyAtATime(t *testing.T) {
 func TestShareBatchHandlerGetsOneKeyPerBatch(t *testing.T) {
 	const topic, n, keys = "share-batch", 200, 4
 	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
-	produce(t, c, topic, n, keys)
+	l := invariant.New(invariant.Unordered, n)
+	produce(t, c, topic, n, keys, l.Produced)
 
-	l := newLedger(n)
 	var batches, multi atomic.Int64
 	cons, err := NewBatch(BatchHandlerFunc(func(_ context.Context, rs []*kgo.Record) error {
 		batches.Add(1)
@@ -499,7 +500,7 @@ func TestShareBatchHandlerGetsOneKeyPerBatch(t *testing.T) {
 			if string(r.Key) != string(rs[0].Key) || (i > 0 && r.Offset <= rs[i-1].Offset) {
 				t.Errorf("batch %v: records of several keys, or out of order", rs)
 			}
-			l.success(r)
+			l.Handled(r)
 		}
 		return nil
 	}), append(shareOpts(c, "sg", topic), Concurrency(2), BatchSize(10))...)
@@ -507,7 +508,7 @@ func TestShareBatchHandlerGetsOneKeyPerBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, cons)
-	waitFor(t, l.done, 20*time.Second, "every record handled")
+	waitFor(t, l.AllHandled(), 20*time.Second, "every record handled")
 	st := awaitShareStats(t, cons, 10*time.Second, "all accepted", func(s ShareStats) bool { return s.Accepted == n })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)

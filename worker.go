@@ -263,6 +263,18 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 	}
 	now := time.Now()
 	e.mu.Lock()
+	if err != nil && len(batch) > 1 && e.cfg.ordering != Unordered && isLaned(e.cfg.ordering, batch[0]) {
+		// A failed batch of one lane is retried as it was: its first
+		// record takes the failure (backoff, retry topic or dead letter)
+		// holding the lane, the others go back in front of the lane, so
+		// that no record of the key or partition overtakes another.
+		ps := batch[0].Value.part
+		ps.lanes.GiveBack(batch[0], batch[1:])
+		ps.running -= len(batch) - 1
+		e.active -= len(batch) - 1
+		clear(batch[1:])
+		batch = batch[:1]
+	}
 	handedOver := 0
 	for i, t := range batch {
 		if next := e.finish(t, err, timedOut, backoffs[i], now); next != nil {

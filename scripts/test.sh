@@ -4,7 +4,9 @@
 # Chromium for the status-page test),
 # starts a PostgreSQL server on 127.0.0.1 for the dead-letter tests, then
 # runs `go test -race` over every module of go.work (./... from the root
-# covers the root module only) with any extra arguments passed through.
+# covers the root module only) with any extra arguments passed through,
+# and the real-cluster suites against a `kpar broker` process
+# (scripts/realcluster.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,3 +54,9 @@ fi
 pkgs=()
 for dir in $(./scripts/modules.sh); do pkgs+=("$dir/..."); done
 go test -race -count=1 -timeout 15m "$@" "${pkgs[@]}"
+# The real-cluster path (KPAR_TEST_BROKERS): when the caller did not point
+# the run above at a cluster, run its suites once more against a `kpar
+# broker` process, so the path is exercised where no Kafka cluster exists.
+if [ -z "${KPAR_TEST_BROKERS:-}" ]; then
+  ./scripts/realcluster.sh "$@"
+fi

@@ -195,7 +195,7 @@ func (p *brokerProcess) signal(ctx context.Context, t *testing.T, sig os.Signal)
 func newClient(t *testing.T, addr string, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(append([]kgo.Opt{
-		kgo.SeedBrokers(addr),
+		kgo.SeedBrokers(strings.Split(addr, ",")...), // one seed, or KPAR_TEST_BROKERS' list
 		kgo.FetchMaxWait(250 * time.Millisecond),
 	}, opts...)...)
 	if err != nil {

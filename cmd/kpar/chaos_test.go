@@ -5,107 +5,26 @@ import (
 	"context"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/kpar/kpar/forward"
+	"github.com/kpar/kpar/internal/ledger"
 )
 
-// chaosEndpoint counts, per record index, the 2xx answers it gave, and
-// which kill "epoch" each came in, so duplicates can be charged to the kill
-// that caused them. It answers in 0-2 ms and fails 1% of first attempts
-// with a 500.
-type chaosEndpoint struct {
-	srv *httptest.Server
-
-	mu       sync.Mutex // guards the fields below
-	epoch    int        // kills so far
-	ok       map[int]int
-	dupsIn   []int // duplicates seen during each epoch
-	active   int   // requests being answered now
-	attempts map[int]int
-	first    []delivery // first 2xx per index, in order
-	changed  chan struct{}
-}
-
-func newChaosEndpoint(t *testing.T) *chaosEndpoint {
-	e := &chaosEndpoint{ok: map[int]int{}, attempts: map[int]int{}, dupsIn: []int{0}, changed: make(chan struct{})}
-	e.srv = httptest.NewServer(e)
-	t.Cleanup(e.srv.Close)
-	return e
-}
-
-func (e *chaosEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body := make([]byte, 16)
-	n, _ := r.Body.Read(body)
-	i, err := strconv.Atoi(string(body[:n]))
-	if err != nil {
-		w.WriteHeader(http.StatusBadRequest)
-		return
-	}
-	part, _ := strconv.ParseInt(r.Header.Get(forward.HeaderPartition), 10, 32)
-	off, _ := strconv.ParseInt(r.Header.Get(forward.HeaderOffset), 10, 64)
-	e.mu.Lock()
-	e.active++
-	e.attempts[i]++
-	fail := e.attempts[i] == 1 && i%100 == 7
-	e.mu.Unlock()
-	time.Sleep(time.Duration(i%3) * time.Millisecond) // the endpoint's own work: 0-2 ms
-	e.mu.Lock()
-	e.active--
-	if !fail {
-		if e.ok[i] > 0 {
-			e.dupsIn[e.epoch]++
-
-		} else {
-			e.first = append(e.first, delivery{i, r.Header.Get(forward.HeaderKey), int32(part), off})
-		}
-		e.ok[i]++
-		close(e.changed)
-		e.changed = make(chan struct{})
-	}
-	e.mu.Unlock()
-	if fail {
-		w.WriteHeader(http.StatusInternalServerError)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
-}
-
-// kill marks the start of a new epoch and returns the requests in flight.
-func (e *chaosEndpoint) kill() (active int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.epoch++
-	e.dupsIn = append(e.dupsIn, 0)
-	return e.active
-}
-
-// waitDelivered waits until at least n distinct records were delivered.
-func (e *chaosEndpoint) waitDelivered(ctx context.Context, t *testing.T, p *process, n int) {
+// waitFinished waits until the ledger has n finished records, failing the
+// test when the forwarder exits or ctx ends first.
+func waitFinished(ctx context.Context, t *testing.T, l *ledger.Ledger, p *process, n int64) {
 	t.Helper()
-	for {
-		e.mu.Lock()
-		got, ch := len(e.ok), e.changed
-		e.mu.Unlock()
-		if got >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-p.exited:
-			t.Fatalf("kpar forward exited (%v) with %d of %d delivered; stderr:\n%s", p.waitErr, got, n, tail(p.stderr))
-		case <-ctx.Done():
-			t.Fatalf("%d of %d records delivered: %v; stderr:\n%s", got, n, ctx.Err(), tail(p.stderr))
-		}
+	select {
+	case <-l.Reached(n):
+	case <-p.exited:
+		t.Fatalf("kpar forward exited (%v) with %+v, waiting for %d; stderr:\n%s", p.waitErr, l.Report(), n, tail(p.stderr))
+	case <-ctx.Done():
+		t.Fatalf("%+v, waiting for %d records: %v; stderr:\n%s", l.Report(), n, ctx.Err(), tail(p.stderr))
 	}
 }
 
@@ -136,18 +55,25 @@ func TestChaosKillLoop(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "4")
-	const topic, group = "chaos", "chaos"
-	produceIndexed(ctx, t, topic, records, keys, kgo.SeedBrokers(addr))
-
-	ep := newChaosEndpoint(t)
+	cc := newChaosCluster(ctx, t, bin, 4, "chaos")
+	addr, topic, group := cc.addr, cc.name("chaos"), cc.name("chaos")
+	l := ledger.New(ledger.ByKey, int64(records))
+	produceLedger(ctx, t, addr, topic, 0, records, keys, l)
+	// The endpoint answers in 0-2 ms and fails 1% of first attempts with
+	// a 500.
+	ep := newLedgerEndpoint(t, l, topic, func(i, attempt int) (int, time.Duration) {
+		if attempt == 1 && i%100 == 7 {
+			return http.StatusInternalServerError, 0
+		}
+		return http.StatusOK, time.Duration(i%3) * time.Millisecond
+	})
 	// A session timeout far above the restart time: only static
 	// membership lets the restarted member resume before it expires.
 	sessionTimeout := 30 * time.Second
 	args := []string{"--brokers", addr, "--group", group, "--topic", topic, "--url", ep.srv.URL,
 		"--concurrency", strconv.Itoa(concurrency), "--ordering", "key", "--retry-backoff", "5ms", "--log-level", "warn"}
 	if other == "" {
-		args = append(args, "--instance-id", "chaos-1",
+		args = append(args, "--instance-id", cc.name("chaos-1"),
 			"--commit-interval", cmp.Or(os.Getenv("KPAR_CHAOS_COMMIT_INTERVAL"), "2ms"))
 	} else {
 		sessionTimeout = 6 * time.Second // the broker's least: a dynamic member's restart waits for it
@@ -155,49 +81,58 @@ func TestChaosKillLoop(t *testing.T) {
 	args = append(args, "--session-timeout", sessionTimeout.String())
 
 	rng := rand.New(rand.NewPCG(1, 2))
-	var inFlight []int
+	var inFlight []int64
 	var resume []time.Duration
+	dupsAt := []int64{} // the ledger's duplicates at each kill
 	for k := range kills {
 		p := startForward(ctx, t, bin, nil, args...)
 		began := time.Now()
-		ep.mu.Lock()
-		before := len(ep.ok)
-		ep.mu.Unlock()
+		before := l.Report().Handled
 		if k > 0 {
-			ep.waitDelivered(ctx, t, p, before+1)
+			waitFinished(ctx, t, l, p, before+1)
 			resume = append(resume, time.Since(began))
 		}
 		// Kill somewhere in the next 1/(kills+1) of the topic.
 		step := records / (kills + 1)
-		ep.waitDelivered(ctx, t, p, before+step/2+rng.IntN(step))
-		inFlight = append(inFlight, ep.kill())
+		waitFinished(ctx, t, l, p, before+int64(step/2+rng.IntN(step)))
+		inFlight = append(inFlight, ep.active.Load())
+		dupsAt = append(dupsAt, l.Report().Duplicates)
 		if code := p.stop(ctx, t, syscall.SIGKILL); code != -1 {
 			t.Fatalf("exit code %d after SIGKILL, want death by signal", code)
 		}
 	}
 	p := startForward(ctx, t, bin, nil, args...)
 	began := time.Now()
-	ep.waitDelivered(ctx, t, p, records)
+	waitFinished(ctx, t, l, p, int64(records))
 	resume = append(resume, time.Since(began))
 	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
 	}
 	checkCommittedAtEnd(ctx, t, addr, group, topic)
 
-	ep.mu.Lock()
-	defer ep.mu.Unlock()
-	checkKeyOrder(t, ep.first)
-	if len(ep.ok) != records {
-		t.Errorf("%d of %d records delivered", len(ep.ok), records)
+	rep := l.Report()
+	if err := rep.Check(-1); err != nil { // lost, per-key order; duplicates are bounded per kill below
+		t.Error(err)
 	}
-	dups := ep.dupsIn[1:] // epoch 0 ends with the first kill: what follows each kill is its cost
-	t.Logf("%d records, %d kills, concurrency %d: 0 lost; duplicates after each kill %v (max %d, total %d); requests in flight at each kill %v; time to first delivery after each restart %v",
-		records, kills, concurrency, dups, slices.Max(dups), sum(dups), inFlight, resume)
+	if bad := ep.malformed(); len(bad) > 0 {
+		t.Errorf("malformed requests: %q", bad)
+	}
+	// What follows each kill (until the next) is its cost.
+	dups := make([]int, kills)
+	for k := range kills {
+		next := rep.Duplicates
+		if k+1 < kills {
+			next = dupsAt[k+1]
+		}
+		dups[k] = int(next - dupsAt[k])
+	}
+	t.Logf("%d records, %d kills, concurrency %d: %+v; duplicates after each kill %v (max %d, total %d); requests in flight at each kill %v; time to first delivery after each restart %v",
+		records, kills, concurrency, rep, dups, slices.Max(dups), sum(dups), inFlight, resume)
 	if other != "" {
 		return
 	}
-	if ep.dupsIn[0] != 0 {
-		t.Errorf("%d duplicates before the first kill", ep.dupsIn[0])
+	if dupsAt[0] != 0 {
+		t.Errorf("%d duplicates before the first kill", dupsAt[0])
 	}
 	// A kill repeats the requests in flight (at most the concurrency,
 	// plus answers not yet read) and what finished within one commit

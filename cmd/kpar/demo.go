@@ -54,15 +54,18 @@ consumer drains, commits and leaves, and the summary follows on stdout:
 produced, handled (records handled successfully at least once), duplicates
 (further successful handlings), lost (produced but never handled), order
 violations (records whose first successful handling came before that of an
-earlier record of the same key; expected with --ordering unordered) and the
-wall time from the first record produced to the consumer's exit.
+earlier record of the same key; expected with --ordering unordered), commit
+violations (commits past a record not finished yet, which a crash would
+lose) and the wall time from the first record produced to the consumer's
+exit.
 
 Ctrl-C stops early: the consumer drains what it holds and the summary shows
 the run so far. Records not handled yet are not lost, so lost is not
 reported then (null in --json).
 
-Exits 0 when nothing was lost and, in key and partition mode, no order was
-violated; 1 otherwise or when the demo could not run.`, stderr)
+Exits 0 when nothing was lost, no commit passed an unfinished record and,
+in key and partition mode, no order was violated; 1 otherwise or when the
+demo could not run.`, stderr)
 	records := fs.Int("records", 100000, "records to produce")
 	partitions := fs.Int("partitions", 8, "partitions of the demo topic")
 	keys := fs.Int("keys", 1000, "distinct record keys")
@@ -71,7 +74,7 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order: `key` (per key and partition), partition, or unordered")
 	maxLatency := fs.Duration("max-latency", 5*time.Millisecond, "longest simulated handling; each attempt waits a uniformly random time from 0 to this")
 	failRate := fs.Float64("fail-rate", 0, "fraction of attempts that fail and are retried, from 0 to below 1")
-	jsonOut := fs.Bool("json", false, "print the summary as one JSON object with the keys produced, handled, duplicates, lost, order_violations and seconds")
+	jsonOut := fs.Bool("json", false, "print the summary as one JSON object with the keys produced, handled, duplicates, lost, order_violations, commit_violations and seconds")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -93,6 +96,7 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 		return fs.usageError("invalid --fail-rate %v: want 0 to below 1", *failRate)
 	}
 
+	l := ledger.New(ledger.ByKey, int64(*records)) // key order, in every mode: unordered shows what it costs
 	d := &demo{
 		records:     *records,
 		partitions:  *partitions,
@@ -101,8 +105,8 @@ violated; 1 otherwise or when the demo could not run.`, stderr)
 		ordering:    ord,
 		maxLatency:  *maxLatency,
 		failRate:    *failRate,
-		ledger:      ledger.New(ledger.ByKey, int64(*records)), // key order, in every mode: unordered shows what it costs
-		commits:     &commitTracker{topic: demoTopic, offsets: map[int32]int64{}},
+		ledger:      l,
+		commits:     &commitTracker{topic: demoTopic, ledger: l, offsets: map[int32]int64{}},
 	}
 	sum, err := d.run(ctx, stderr)
 	if err != nil {
@@ -139,18 +143,22 @@ type demo struct {
 // demoSummary is the summary printed at the end; its JSON form is the
 // --json output. Lost is nil when the run was interrupted.
 type demoSummary struct {
-	Produced        int64   `json:"produced"`
-	Handled         int64   `json:"handled"`
-	Duplicates      int64   `json:"duplicates"`
-	Lost            *int64  `json:"lost"`
-	OrderViolations int64   `json:"order_violations"`
-	Seconds         float64 `json:"seconds"`
+	Produced        int64  `json:"produced"`
+	Handled         int64  `json:"handled"`
+	Duplicates      int64  `json:"duplicates"`
+	Lost            *int64 `json:"lost"`
+	OrderViolations int64  `json:"order_violations"`
+	// CommitViolations counts commits past a record not finished yet:
+	// each would lose that record in a crash.
+	CommitViolations int64   `json:"commit_violations"`
+	Seconds          float64 `json:"seconds"`
 }
 
-// passed reports whether the run kept kpar's guarantees: nothing lost and,
-// unless unordered, no order violation.
+// passed reports whether the run kept kpar's guarantees: nothing lost, no
+// commit past an unfinished record and, unless unordered, no order
+// violation.
 func (d *demo) passed(s *demoSummary) bool {
-	if s.Lost != nil && *s.Lost != 0 {
+	if s.Lost != nil && *s.Lost != 0 || s.CommitViolations != 0 {
 		return false
 	}
 	return d.ordering == kpar.Unordered || s.OrderViolations == 0
@@ -270,11 +278,12 @@ loop:
 	rep := d.ledger.Report()
 	handled, duplicates, violations := rep.Handled, rep.Duplicates, rep.OrderViolations
 	sum := &demoSummary{
-		Produced:        d.produced.Load(),
-		Handled:         handled,
-		Duplicates:      duplicates,
-		OrderViolations: violations,
-		Seconds:         math.Round(elapsed.Seconds()*1000) / 1000,
+		Produced:         d.produced.Load(),
+		Handled:          handled,
+		Duplicates:       duplicates,
+		OrderViolations:  violations,
+		CommitViolations: rep.CommitViolations,
+		Seconds:          math.Round(elapsed.Seconds()*1000) / 1000,
 	}
 	if finished {
 		lost := sum.Produced - handled

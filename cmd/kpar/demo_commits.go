@@ -4,12 +4,16 @@ import (
 	"sync"
 
 	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/internal/ledger"
 )
 
 // commitTracker keeps the last offsets kpar committed for the demo topic,
-// which outlive the consumer's run, unlike PartitionStats.
+// which outlive the consumer's run, unlike PartitionStats, and hands each
+// commit to the run's ledger, which checks that no commit passed an
+// unfinished record.
 type commitTracker struct {
 	topic   string
+	ledger  *ledger.Ledger
 	mu      sync.Mutex      // guards offsets
 	offsets map[int32]int64 // partition -> next offset to consume
 }
@@ -24,6 +28,7 @@ func (c *commitTracker) OnCommit(offsets map[string]map[int32]int64, err error) 
 	defer c.mu.Unlock()
 	for p, o := range offsets[c.topic] {
 		c.offsets[p] = o
+		c.ledger.Committed(c.topic, p, o)
 	}
 }
 

@@ -39,7 +39,7 @@ func demoJSON(t *testing.T, stdout string) (produced, handled, duplicates, lost,
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"duplicates", "handled", "lost", "order_violations", "produced", "seconds"}
+	want := []string{"commit_violations", "duplicates", "handled", "lost", "order_violations", "produced", "seconds"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("JSON keys = %v, want exactly %v", keys, want)
 	}

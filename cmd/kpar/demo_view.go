@@ -223,6 +223,7 @@ func (d *demo) printSummary(w io.Writer, s *demoSummary) {
 		fmt.Fprintf(w, "  lost              unknown: stopped early with %d records not handled yet\n", s.Produced-s.Handled)
 	}
 	fmt.Fprintf(w, "  order violations  %d\n", s.OrderViolations)
+	fmt.Fprintf(w, "  commit violations %d\n", s.CommitViolations)
 	if f := d.failures.Load(); f > 0 {
 		fmt.Fprintf(w, "  failed attempts   %d (retried)\n", f)
 	}

@@ -1,26 +1,42 @@
 // Package ledger checks kpar's guarantees on a run: it records every
-// record produced and every successful handling, and reports what was
-// lost, what was handled more than once, and what was handled out of
-// order. It is one checker for the engine's tests, `kpar demo` and the
-// benchmarks.
+// record produced, every successful handling, every dead letter and every
+// commit, and reports what was lost, what was handled more than once, what
+// was handled out of order and which commit went past an unfinished
+// record. It is the one checker of the engine's tests, the chaos tests,
+// `kpar demo` and the benchmarks' crash scenario.
 //
 // A Ledger is a pure data structure (no goroutines, no I/O) behind a mutex,
-// so that producer callbacks and handlers may call it concurrently.
+// so that producer callbacks, handlers and hooks may call it concurrently.
 // Records are identified by topic, partition and offset, so Produced needs
 // the record as acknowledged by the broker.
 //
+// A record is finished once it was handled successfully or dead-lettered
+// (its dead-letter write acknowledged); a produced record never finished is
+// lost.
+//
 // Order: in ByKey mode, a record's first successful handling must not come
 // while an earlier record (lower offset) of the same topic, partition and
-// key, already produced, is still unhandled; records with a nil key are not
-// checked. ByPartition checks the same per partition. A record handled
-// before its production was acknowledged is counted when the
-// acknowledgement comes, and an earlier record whose acknowledgement comes
-// after a later one was handled cannot be seen as overtaken: the check can
-// miss a violation in that race, never report a false one.
+// key, already produced, is still unfinished; records with a nil key are not
+// checked. ByPartition checks the same per partition. Retried records are
+// no exception: what counts is the first success, whatever attempt it was.
+// A dead-lettered record is finished without a success: it is never an
+// order violation itself and no longer holds back the records after it.
+// A record handled before its production was acknowledged is counted when
+// the acknowledgement comes, and an earlier record whose acknowledgement
+// comes after a later one was handled cannot be seen as overtaken: the
+// check can miss a violation in that race, never report a false one.
+//
+// Commits: a committed offset o for a partition promises that every record
+// below o is finished. Committed counts a commit violation when a produced
+// record below o is not, the engine's one unforgivable bug (a crash then
+// loses it). The same acknowledgement race applies: a record produced but
+// not yet acknowledged is not seen.
 package ledger
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -40,29 +56,80 @@ const (
 
 // Report is what a Ledger saw so far.
 type Report struct {
-	Produced   int64 // records whose production was acknowledged
-	Handled    int64 // distinct produced records handled successfully at least once
-	Duplicates int64 // successful handlings after a record's first
-	// Lost is Produced - Handled: at the end of a run, the records never
-	// handled.
+	Produced     int64 // records whose production was acknowledged
+	Handled      int64 // distinct produced records handled successfully at least once
+	DeadLettered int64 // distinct produced records dead-lettered at least once
+	Duplicates   int64 // successful handlings after a record's first
+	// Lost is the produced records never finished (neither handled nor
+	// dead-lettered): at the end of a run, the records lost.
 	Lost int64
-	// Unexpected counts distinct records handled but never produced (so
-	// far): another producer's, or a record whose acknowledgement is late.
+	// Unexpected counts distinct records handled or dead-lettered but
+	// never produced (so far): another producer's, or a record whose
+	// acknowledgement is late.
 	Unexpected      int64
 	OrderViolations int64 // first handlings that overtook an earlier record of their key or partition
+	// CommitViolations counts commits that went past an unfinished
+	// produced record.
+	CommitViolations int64
+	// FirstViolation describes the first order or commit violation, for
+	// the test's failure message; "" when there is none.
+	FirstViolation string
 }
 
-// Ledger records productions and handlings; see the package doc.
+// Check returns an error describing each broken guarantee of a finished
+// run: records lost, unexpected records, order and commit violations, and
+// more than maxDuplicates duplicates (no bound when negative).
+func (r Report) Check(maxDuplicates int64) error {
+	var bad []string
+	if r.Lost != 0 {
+		bad = append(bad, fmt.Sprintf("%d lost", r.Lost))
+	}
+	if r.Unexpected != 0 {
+		bad = append(bad, fmt.Sprintf("%d handled but never produced", r.Unexpected))
+	}
+	if r.OrderViolations != 0 {
+		bad = append(bad, fmt.Sprintf("%d order violations", r.OrderViolations))
+	}
+	if r.CommitViolations != 0 {
+		bad = append(bad, fmt.Sprintf("%d commits past an unfinished record", r.CommitViolations))
+	}
+	if maxDuplicates >= 0 && r.Duplicates > maxDuplicates {
+		bad = append(bad, fmt.Sprintf("%d duplicates, bound %d", r.Duplicates, maxDuplicates))
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	msg := strings.Join(bad, ", ")
+	if r.FirstViolation != "" {
+		msg += "; first violation: " + r.FirstViolation
+	}
+	return fmt.Errorf("%s (%+v)", msg, r.counts())
+}
+
+// counts is r without its description, for messages.
+func (r Report) counts() Report { r.FirstViolation = ""; return r }
+
+// Ledger records productions, handlings, dead letters and commits; see the
+// package doc.
 type Ledger struct {
 	order Order
 	want  int64
 	all   chan struct{}
 
-	mu      sync.Mutex // guards the fields below
-	records map[rid]*state
-	streams map[sid]*stream
-	rep     Report
-	closed  bool // all is closed
+	mu       sync.Mutex // guards the fields below
+	records  map[rid]*state
+	streams  map[sid]*stream // ordered streams, per the Order
+	parts    map[sid]*stream // per partition (key ""), for the commit check
+	rep      Report
+	finished int64    // distinct produced records finished
+	closed   bool     // all is closed
+	waiters  []waiter // Reached channels not closed yet
+}
+
+// waiter is a channel to close once n records are finished.
+type waiter struct {
+	n  int64
+	ch chan struct{}
 }
 
 type rid struct {
@@ -71,7 +138,7 @@ type rid struct {
 	offset    int64
 }
 
-// sid names an ordered stream: a partition, or a key of a partition.
+// sid names an offset stream: a partition, or a key of a partition.
 type sid struct {
 	topic     string
 	partition int32
@@ -81,24 +148,43 @@ type sid struct {
 type state struct {
 	produced bool
 	handled  int32 // successful handlings
+	dead     bool  // dead-lettered at least once
 	stream   *stream
+	part     *stream
 }
 
-// stream holds the produced and not yet handled offsets of one ordered
-// stream, sorted; acknowledgements arrive in offset order per partition,
-// so appends are the common case.
+func (s *state) finished() bool { return s.handled > 0 || s.dead }
+
+// stream holds the produced and not yet finished offsets of one stream,
+// sorted; acknowledgements arrive in offset order per partition, so appends
+// are the common case.
 type stream struct{ pending []int64 }
 
 // New returns a Ledger checking order. want is how many records the run
 // produces (0 if unknown): AllHandled is closed once that many distinct
-// produced records were handled.
+// produced records were finished.
 func New(order Order, want int64) *Ledger {
 	return &Ledger{order: order, want: want, all: make(chan struct{}),
-		records: make(map[rid]*state), streams: make(map[sid]*stream)}
+		records: make(map[rid]*state), streams: make(map[sid]*stream), parts: make(map[sid]*stream)}
 }
 
-// AllHandled is closed once want distinct produced records were handled.
+// AllHandled is closed once want distinct produced records were finished
+// (handled successfully or dead-lettered).
 func (l *Ledger) AllHandled() <-chan struct{} { return l.all }
+
+// Reached returns a channel closed once n distinct produced records were
+// finished: a test waits for progress with it, without polling.
+func (l *Ledger) Reached(n int64) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ch := make(chan struct{})
+	if l.finished >= n {
+		close(ch)
+		return ch
+	}
+	l.waiters = append(l.waiters, waiter{n, ch})
+	return ch
+}
 
 // Produced records a record acknowledged by the broker (its Partition and
 // Offset set).
@@ -111,14 +197,21 @@ func (l *Ledger) Produced(r *kgo.Record) {
 	}
 	s.produced = true
 	l.rep.Produced++
-	if s.handled > 0 {
+	if s.finished() {
 		l.rep.Unexpected--
-		l.counted()
+		if s.handled > 0 {
+			l.rep.Handled++
+		}
+		if s.dead {
+			l.rep.DeadLettered++
+		}
+		l.finish()
 		return
 	}
 	if s.stream != nil {
 		s.stream.insert(r.Offset)
 	}
+	s.part.insert(r.Offset)
 }
 
 // Handled records a successful handling of r.
@@ -131,16 +224,68 @@ func (l *Ledger) Handled(r *kgo.Record) {
 		return
 	}
 	if !s.produced {
-		l.rep.Unexpected++
+		if !s.dead {
+			l.rep.Unexpected++
+		}
+		return
+	}
+	if s.dead {
+		// Dead-lettered, then handled after all (re-delivered after a
+		// crash before its commit): finished already.
+		l.rep.Handled++
 		return
 	}
 	if st := s.stream; st != nil {
 		if len(st.pending) > 0 && st.pending[0] < r.Offset {
 			l.rep.OrderViolations++
+			l.violation("%s/%d@%d (key %q) handled before %s/%d@%d of its %s", r.Topic, r.Partition, r.Offset, r.Key,
+				r.Topic, r.Partition, st.pending[0], l.streamName())
 		}
 		st.remove(r.Offset)
 	}
-	l.counted()
+	s.part.remove(r.Offset)
+	l.rep.Handled++
+	l.finish()
+}
+
+// DeadLettered records that r's dead letter was written (acknowledged by
+// the sink).
+func (l *Ledger) DeadLettered(r *kgo.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.state(r)
+	if s.dead {
+		return
+	}
+	s.dead = true
+	if !s.produced {
+		if s.handled == 0 {
+			l.rep.Unexpected++
+		}
+		return
+	}
+	l.rep.DeadLettered++
+	if s.handled > 0 {
+		return
+	}
+	if s.stream != nil {
+		s.stream.remove(r.Offset)
+	}
+	s.part.remove(r.Offset)
+	l.finish()
+}
+
+// Committed records a successful commit of offset for a partition: every
+// record below it must be finished.
+func (l *Ledger) Committed(topic string, partition int32, offset int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.parts[sid{topic: topic, partition: partition}]
+	if st == nil || len(st.pending) == 0 || st.pending[0] >= offset {
+		return
+	}
+	l.rep.CommitViolations++
+	l.violation("commit of %s/%d at %d while %d is unfinished", topic, partition, offset, st.pending[0])
 }
 
 // Report returns the counts so far.
@@ -148,17 +293,40 @@ func (l *Ledger) Report() Report {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	rep := l.rep
-	rep.Lost = rep.Produced - rep.Handled
+	rep.Lost = rep.Produced - l.finished
 	return rep
 }
 
-// counted counts a produced record's first handling. Called with mu held.
-func (l *Ledger) counted() {
-	l.rep.Handled++
-	if !l.closed && l.want > 0 && l.rep.Handled >= l.want {
+// finish counts a produced record's first finish. Called with mu held.
+func (l *Ledger) finish() {
+	l.finished++
+	if !l.closed && l.want > 0 && l.finished >= l.want {
 		l.closed = true
 		close(l.all)
 	}
+	if len(l.waiters) > 0 {
+		l.waiters = slices.DeleteFunc(l.waiters, func(w waiter) bool {
+			if l.finished >= w.n {
+				close(w.ch)
+				return true
+			}
+			return false
+		})
+	}
+}
+
+// violation notes the first violation's description. Called with mu held.
+func (l *Ledger) violation(format string, args ...any) {
+	if l.rep.FirstViolation == "" {
+		l.rep.FirstViolation = fmt.Sprintf(format, args...)
+	}
+}
+
+func (l *Ledger) streamName() string {
+	if l.order == ByPartition {
+		return "partition"
+	}
+	return "key"
 }
 
 // state returns r's state, creating it. Called with mu held.
@@ -170,10 +338,15 @@ func (l *Ledger) state(r *kgo.Record) *state {
 	}
 	s = new(state)
 	l.records[id] = s
+	pk := sid{topic: r.Topic, partition: r.Partition}
+	if s.part = l.parts[pk]; s.part == nil {
+		s.part = new(stream)
+		l.parts[pk] = s.part
+	}
 	var key sid
 	switch {
 	case l.order == ByPartition:
-		key = sid{topic: r.Topic, partition: r.Partition}
+		key = pk
 	case l.order == ByKey && r.Key != nil:
 		key = sid{r.Topic, r.Partition, string(r.Key)}
 	default:

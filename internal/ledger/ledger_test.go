@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -16,11 +17,13 @@ func rec(p int32, off int64, key string) *kgo.Record {
 
 func TestLedger(t *testing.T) {
 	type step struct {
-		produce bool
-		r       *kgo.Record
+		what byte // 'P'roduced, 'H'andled, 'D'ead-lettered, 'C'ommitted
+		r    *kgo.Record
 	}
-	P := func(p int32, off int64, key string) step { return step{true, rec(p, off, key)} }
-	H := func(p int32, off int64, key string) step { return step{false, rec(p, off, key)} }
+	P := func(p int32, off int64, key string) step { return step{'P', rec(p, off, key)} }
+	H := func(p int32, off int64, key string) step { return step{'H', rec(p, off, key)} }
+	D := func(p int32, off int64, key string) step { return step{'D', rec(p, off, key)} }
+	C := func(p int32, off int64) step { return step{'C', rec(p, off, "")} }
 	for _, tc := range []struct {
 		name  string
 		order Order
@@ -48,17 +51,45 @@ func TestLedger(t *testing.T) {
 		{"never produced", ByKey, []step{H(0, 5, "a")}, Report{Unexpected: 1}},
 		{"late duplicate is not a violation", ByKey, []step{P(0, 0, "a"), P(0, 1, "a"), H(0, 0, "a"), H(0, 1, "a"), H(0, 0, "a")},
 			Report{Produced: 2, Handled: 2, Duplicates: 1}},
+		{"retried record overtaken", ByKey, []step{P(0, 0, "a"), P(0, 1, "a"), H(0, 1, "a"), H(0, 0, "a")},
+			Report{Produced: 2, Handled: 2, OrderViolations: 1}},
+		{"dead letter finishes", ByKey, []step{P(0, 0, "a"), P(0, 1, "a"), D(0, 0, "a"), H(0, 1, "a")},
+			Report{Produced: 2, Handled: 1, DeadLettered: 1}},
+		{"dead letter is never a violation", ByPartition, []step{P(0, 0, ""), P(0, 1, ""), D(0, 1, ""), H(0, 0, "")},
+			Report{Produced: 2, Handled: 1, DeadLettered: 1}},
+		{"dead-lettered then handled", ByKey, []step{P(0, 0, "a"), D(0, 0, "a"), H(0, 0, "a"), D(0, 0, "a")},
+			Report{Produced: 1, Handled: 1, DeadLettered: 1}},
+		{"dead-lettered before its ack", Unordered, []step{D(0, 0, "a"), P(0, 0, "a")},
+			Report{Produced: 1, DeadLettered: 1}},
+		{"dead letter never produced", Unordered, []step{D(0, 0, "a"), H(0, 0, "a")}, Report{Unexpected: 1}},
+		{"commit up to the unfinished", Unordered, []step{P(0, 0, ""), P(0, 1, ""), P(0, 2, ""), H(0, 0, ""), H(0, 2, ""), C(0, 1)},
+			Report{Produced: 3, Handled: 2, Lost: 1}},
+		{"commit past the unfinished", Unordered, []step{P(0, 0, ""), P(0, 1, ""), H(0, 0, ""), C(0, 2)},
+			Report{Produced: 2, Handled: 1, Lost: 1, CommitViolations: 1}},
+		{"commit past a dead letter", ByKey, []step{P(0, 0, "a"), P(0, 1, "b"), D(0, 0, "a"), H(0, 1, "b"), C(0, 2)},
+			Report{Produced: 2, Handled: 1, DeadLettered: 1}},
+		{"commit of another partition", ByKey, []step{P(0, 0, "a"), P(1, 0, "a"), H(1, 0, "a"), C(1, 1), C(2, 5)},
+			Report{Produced: 2, Handled: 1, Lost: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := New(tc.order, 0)
 			for _, s := range tc.steps {
-				if s.produce {
+				switch s.what {
+				case 'P':
 					l.Produced(s.r)
-				} else {
+				case 'H':
 					l.Handled(s.r)
+				case 'D':
+					l.DeadLettered(s.r)
+				case 'C':
+					l.Committed(s.r.Topic, s.r.Partition, s.r.Offset)
 				}
 			}
-			if got := l.Report(); got != tc.want {
+			got := l.Report()
+			if (got.FirstViolation != "") != (got.OrderViolations+got.CommitViolations > 0) {
+				t.Errorf("first violation %q with %d order and %d commit violations", got.FirstViolation, got.OrderViolations, got.CommitViolations)
+			}
+			if got.FirstViolation = ""; got != tc.want {
 				t.Fatalf("report %+v, want %+v", got, tc.want)
 			}
 		})
@@ -79,4 +110,66 @@ func TestLedgerAllHandled(t *testing.T) {
 	l.Handled(rec(0, 1, "a"))
 	<-l.AllHandled()
 	l.Handled(rec(0, 1, "a")) // a duplicate after the end must not close it again
+}
+
+func TestLedgerAllHandledCountsDeadLetters(t *testing.T) {
+	l := New(Unordered, 2)
+	l.Produced(rec(0, 0, "a"))
+	l.Produced(rec(0, 1, "a"))
+	l.DeadLettered(rec(0, 0, "a"))
+	l.Handled(rec(0, 0, "a")) // finished already: no second count
+	select {
+	case <-l.AllHandled():
+		t.Fatal("closed with a record unfinished")
+	default:
+	}
+	l.DeadLettered(rec(0, 1, "a"))
+	<-l.AllHandled()
+}
+
+func TestReportCheck(t *testing.T) {
+	for _, tc := range []struct {
+		rep  Report
+		max  int64
+		want string // "" for no error, else a part of the message
+	}{
+		{Report{Produced: 3, Handled: 3, Duplicates: 2}, 2, ""},
+		{Report{Produced: 3, Handled: 3, Duplicates: 9}, -1, ""},
+		{Report{Produced: 3, Handled: 3, Duplicates: 3}, 2, "3 duplicates, bound 2"},
+		{Report{Produced: 3, Handled: 2, Lost: 1}, -1, "1 lost"},
+		{Report{Unexpected: 1}, -1, "1 handled but never produced"},
+		{Report{OrderViolations: 1, FirstViolation: "t/0@2 first"}, -1, "1 order violations; first violation: t/0@2 first"},
+		{Report{CommitViolations: 2}, -1, "2 commits past an unfinished record"},
+	} {
+		err := tc.rep.Check(tc.max)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: %v, want nil", tc.rep, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%+v: %v, want %q", tc.rep, err, tc.want)
+		}
+	}
+}
+
+func TestLedgerReached(t *testing.T) {
+	l := New(Unordered, 0)
+	l.Produced(rec(0, 0, ""))
+	l.Produced(rec(0, 1, ""))
+	one, two := l.Reached(1), l.Reached(2)
+	l.Handled(rec(0, 0, ""))
+	<-one
+	select {
+	case <-two:
+		t.Fatal("two reached after one record")
+	default:
+	}
+	l.Handled(rec(0, 0, "")) // a duplicate is no progress
+	select {
+	case <-two:
+		t.Fatal("two reached by a duplicate")
+	default:
+	}
+	l.DeadLettered(rec(0, 1, ""))
+	<-two
+	<-l.Reached(2) // reached already: closed at once
 }

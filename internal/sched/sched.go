@@ -186,15 +186,48 @@ func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
 
 // TakeNext removes and returns the next parked task on t's lane while the
 // lane stays busy, so a batch can carry several consecutive tasks of one
-// key. It returns nil when nothing is parked.
+// key. The lane's turn passes from t to the returned task: Release(t) then
+// returns nil, and only the returned task's Release hands the lane on, so
+// releasing every task of a batch makes one successor ready, not one per
+// task. It returns nil when nothing is parked.
 func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
 	if !t.laned || l.busy == 0 {
 		return nil
 	}
 	if i, ok := l.find(t.lane); ok {
-		return l.popParked(i)
+		next := l.popParked(i)
+		if next != nil {
+			t.laned = false
+		}
+		return next
 	}
 	return nil
+}
+
+// GiveBack undoes TakeNext for a batch whose attempt failed: the taken
+// tasks (in the order TakeNext returned them) go back to the front of
+// holder's lane, and the turn returns to holder, so the batch is retried
+// after holder and no task of the lane overtakes another.
+func (l *Lanes[T]) GiveBack(holder *Task[T], taken []*Task[T]) {
+	if len(taken) == 0 || l.busy == 0 {
+		return
+	}
+	i, ok := l.find(holder.lane)
+	if !ok {
+		return
+	}
+	q := &l.parked[i]
+	for j := len(taken) - 1; j >= 0; j-- {
+		t := taken[j]
+		t.laned = true
+		t.next = q.head
+		if q.head = t; q.tail == nil {
+			q.tail = t
+		}
+		q.n++
+	}
+	l.keys[i] |= parkedBit
+	holder.laned = true
 }
 
 // Busy returns the number of lanes with a task in flight.

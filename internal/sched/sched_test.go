@@ -158,3 +158,51 @@ func BenchmarkLanesDistinctKeys(b *testing.B) {
 		l.Admit(t, rng.Uint64())
 	}
 }
+
+// TestTakeNextPassesTheTurn: a batch of one lane's tasks, each released
+// in turn, makes the lane's next task ready once, after the last.
+func TestTakeNextPassesTheTurn(t *testing.T) {
+	var l Lanes[int]
+	ts := make([]Task[int], 4)
+	for i := range ts {
+		l.Admit(&ts[i], 7)
+	}
+	if l.TakeNext(&ts[0]) != &ts[1] || l.TakeNext(&ts[1]) != &ts[2] {
+		t.Fatal("TakeNext does not take the lane's parked tasks in order")
+	}
+	for i := range 2 {
+		if next := l.Release(&ts[i]); next != nil {
+			t.Fatalf("Release(%d) = task %d: a batch's earlier task handed the lane on", i, next.Value)
+		}
+	}
+	if next := l.Release(&ts[2]); next != &ts[3] {
+		t.Fatalf("Release(2) = %v, want task 3", next)
+	}
+	if next := l.Release(&ts[3]); next != nil || l.Busy() != 0 {
+		t.Fatalf("Release(3) = %v, busy %d; want nil, 0", next, l.Busy())
+	}
+}
+
+// TestGiveBackRestoresTheLane: the tasks of a failed batch go back in
+// front of the lane, in order, behind the batch's first task.
+func TestGiveBackRestoresTheLane(t *testing.T) {
+	var l Lanes[int]
+	ts := make([]Task[int], 5)
+	for i := range ts {
+		l.Admit(&ts[i], 7)
+	}
+	taken := []*Task[int]{l.TakeNext(&ts[0])}
+	taken = append(taken, l.TakeNext(taken[0]))
+	l.GiveBack(&ts[0], taken)
+	if l.Parked() != 4 {
+		t.Fatalf("Parked = %d after GiveBack, want 4", l.Parked())
+	}
+	for want := 1; want < len(ts); want++ {
+		if next := l.Release(&ts[want-1]); next != &ts[want] {
+			t.Fatalf("Release(%d) = %v, want task %d", want-1, next, want)
+		}
+	}
+	if next := l.Release(&ts[4]); next != nil || l.Busy() != 0 {
+		t.Fatalf("Release(4) = %v, busy %d; want nil, 0", next, l.Busy())
+	}
+}

@@ -1,0 +1,211 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar/deadletter"
+	invariant "github.com/kpar/kpar/internal/ledger"
+)
+
+// brokerFault is one way the broker misbehaves in TestBrokerFaults.
+type brokerFault struct {
+	name   string
+	faults func(topic, group string) []kfake.Fault
+	// hits is how many requests the faults answer before they are
+	// removed: long enough for the engine to have met them many times.
+	hits int
+	// progresses: records keep being finished while the fault is on (in
+	// ByPartition, not when a poison record holds each partition).
+	progresses bool
+	// redelivers: the fault costs the member its partitions (they are
+	// lost, not revoked), so what finished after the last commit that
+	// landed is handled again.
+	redelivers bool
+}
+
+func brokerFaults() []brokerFault {
+	groupKeys := []kmsg.Key{kmsg.OffsetCommit, kmsg.OffsetFetch, kmsg.Heartbeat, kmsg.JoinGroup, kmsg.SyncGroup}
+	return []brokerFault{
+		{"OffsetCommit failing", func(_, group string) []kfake.Fault {
+			return []kfake.Fault{{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.UnknownServerError, Count: -1}}
+		}, 4, true, false},
+		{"fetch errors", func(topic, _ string) []kfake.Fault {
+			return []kfake.Fault{
+				{Keys: []kmsg.Key{kmsg.Fetch}, Topic: topic, Err: kerr.NotLeaderForPartition, Count: 4},
+				{Keys: []kmsg.Key{kmsg.Fetch}, Topic: topic, Err: kerr.UnknownServerError, Count: -1},
+			}
+		}, 12, false, false},
+		{"NOT_COORDINATOR", func(_, group string) []kfake.Fault {
+			return []kfake.Fault{{Keys: groupKeys, Group: group, Err: kerr.NotCoordinator, Count: -1}}
+		}, 8, false, true},
+		{"dead-letter produce failing", func(topic, _ string) []kfake.Fault {
+			return []kfake.Fault{{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic + ".dlq", Err: kerr.NotLeaderForPartition, Count: -1}}
+		}, 4, true, false},
+	}
+}
+
+// TestBrokerFaults injects each broker fault (kfake Faults) into a running
+// consumer while records are being produced, in every ordering mode, with
+// 5% of the records failing permanently into a Kafka dead-letter topic:
+// nothing is lost, no order is broken, no commit passes an unfinished
+// record (internal/ledger checks all three), every poison record is in the
+// dead-letter topic once, and once the fault is removed the consumer
+// finishes everything and commits the end of every partition by itself.
+//
+// KPAR_CHAOS_SOAK=1 runs 20,000 records per case and keeps each fault on
+// for five times as many requests.
+func TestBrokerFaults(t *testing.T) {
+	for _, f := range brokerFaults() {
+		for _, mode := range orderModes() {
+			t.Run(f.name+"/"+mode.order.String(), func(t *testing.T) {
+				t.Parallel() // each has its own cluster, and mostly waits
+				testBrokerFault(t, f, mode)
+			})
+		}
+	}
+}
+
+// orderMode pairs an ordering mode with the order the ledger checks.
+type orderMode struct {
+	order Order
+	check invariant.Order
+}
+
+func orderModes() []orderMode {
+	return []orderMode{{ByKey, invariant.ByKey}, {ByPartition, invariant.ByPartition}, {Unordered, invariant.Unordered}}
+}
+
+func testBrokerFault(t *testing.T, f brokerFault, mode orderMode) {
+	const parts, keys = 4, 50
+	n, hits := 2000, f.hits
+	if os.Getenv("KPAR_CHAOS_SOAK") != "" {
+		n, hits = 20000, 5*f.hits
+	}
+	const topic, group = "faults", "faults"
+	c := newFakeCluster(t, "injects broker faults", topic, parts)
+	createTopic(t, c, topic+".dlq", 1)
+	l := invariant.New(mode.check, int64(n))
+	// One record in 20 fails permanently: 5 keys of 50, at several
+	// places each, so that in ByKey the other keys go on while the
+	// dead-letter topic is down.
+	isPoison := func(r *kgo.Record) bool { v := decodeValue(r.Value); return (v.seq*keys+v.key)%20 == 7 }
+
+	sinkClient, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.RecordDeliveryTimeout(time.Second), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sinkClient.Close()
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		if isPoison(r) {
+			return Permanent(errors.New("poison"))
+		}
+		time.Sleep(100 * time.Microsecond)
+		l.Handled(r)
+		return nil
+	})
+	watch := newCommitWatch(l)
+	// A window holding every record of a partition: while the DLQ is
+	// down its poison records hold the window starts, and the progress
+	// checked below needs room behind them.
+	cons, err := New(h, append(testOpts(c, group, topic), Ordering(mode.order), Concurrency(16), MaxAttempts(2), WindowRecords(n),
+		DeadLetters(deadletter.NewKafkaSink(sinkClient)), WithHooks(watch),
+		ClientOptions(kgo.MetadataMinAge(50*time.Millisecond)))...) // fetch errors refresh the metadata
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(hits)*15*time.Second)
+	defer cancel()
+
+	// Half the records before the fault, the rest while it is on: most
+	// at once, the last `late` once the fault was hit, so that progress
+	// during the fault is measured on records that cannot have been
+	// finished before it.
+	const late = 200
+	ends := newEnds()
+	produceRange(t, c, topic, 0, n/2, keys, l.Produced, ends.ack)
+	stop := runConsumer(t, cons)
+	waitFor(t, l.Reached(int64(n/4)), 30*time.Second, "a quarter of the records before the fault")
+	watch.waitTotal(t, topic, int64(n/8), 30*time.Second) // a commit landed before the fault
+	committedBefore := watch.total(topic)
+	fh := c.Fault(f.faults(topic, group)...)
+	produceRange(t, c, topic, n/2, n-late, keys, l.Produced, ends.ack)
+	if err := fh.Wait(ctx, hits); err != nil {
+		t.Fatalf("the fault answered %d requests, want %d: %v", fh.Hits(), hits, err)
+	}
+	before := l.Report()
+	produceRange(t, c, topic, n-late, n, keys, l.Produced, ends.ack)
+	if f.progresses && (mode.order != ByPartition || !strings.Contains(f.name, "dead-letter")) {
+		// The engine goes on while only its commits or dead letters fail
+		// (in ByKey, the keys without a poison record do: 90% of the
+		// late records).
+		waitFor(t, l.Reached(before.Handled+before.DeadLettered+late/2), 30*time.Second, "progress while the fault is on")
+	}
+	fh.Remove()
+	waitFor(t, l.AllHandled(), 30*time.Second, "every record finished after the fault")
+	watch.waitAll(t, ends.snapshot(), 30*time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := l.Report()
+	t.Logf("%s, %s: %d fault answers; %+v", f.name, mode.order, fh.Hits(), rep)
+	// Without lost partitions nothing is handled twice; with them, at
+	// most what is above the last commit before the fault.
+	var maxDups int64
+	if f.redelivers {
+		maxDups = int64(n) - committedBefore
+	}
+	if err := rep.Check(maxDups); err != nil {
+		t.Fatal(err)
+	}
+	letters := readLetters(t, "kafka://"+c.ListenAddrs()[0]+"/"+topic+".dlq")
+	seen := map[string]bool{}
+	for _, lt := range letters {
+		if !isPoison(lt.Record) || seen[lt.ID()] {
+			t.Errorf("dead letter %s: poison %v, seen before %v", lt.ID(), isPoison(lt.Record), seen[lt.ID()])
+		}
+		seen[lt.ID()] = true
+	}
+	if want := n / 20; len(seen) != want || rep.DeadLettered != int64(want) {
+		t.Errorf("%d distinct dead letters in the topic, %d reported by the hook; want %d", len(seen), rep.DeadLettered, want)
+	}
+}
+
+// produceRange writes the records from .. to of the sequence produce
+// writes (record i has key i%keys), so that a run can produce in parts.
+func produceRange(t testing.TB, c cluster, topic string, from, to, keys int, onAck ...func(*kgo.Record)) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var rs []*kgo.Record
+	for i := from; i < to; i++ {
+		k := i % keys
+		rs = append(rs, &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", k), Value: encodeValue(k, i/keys)})
+	}
+	res := cl.ProduceSync(ctx, rs...)
+	if err := res.FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	for _, r := range res {
+		for _, f := range onAck {
+			f(r.Record)
+		}
+	}
+}
