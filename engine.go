@@ -269,8 +269,29 @@ func (e *engine) run(ctx context.Context) error {
 		e.log.Warn("kpar: leaving the group timed out; the group waits for the session timeout before moving its partitions", "err", err)
 	}
 	cancel()
-	cl.Close()
+	closeWithin(cl, time.Until(deadline)+time.Second, e.log)
 	return runErr
+}
+
+// closeWithin closes cl, waiting for it at most d. The client's Close
+// waits for its group loop, which may sit in a JoinGroup that the broker
+// holds until a rebalance completes (up to the rebalance timeout, a minute
+// by default, when a member of the group does not rejoin): Run must not
+// wait that long past its ShutdownTimeout. The client then finishes
+// closing in the background.
+func closeWithin(cl *kgo.Client, d time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cl.Close()
+	}()
+	t := time.NewTimer(max(d, time.Second))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Warn("kpar: the client did not close within the shutdown timeout (a group request still waits on the broker); it finishes closing in the background")
+	}
 }
 
 // waitTimeout waits for wg up to d and reports whether it finished.

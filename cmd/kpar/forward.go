@@ -35,6 +35,10 @@ import (
 // at startup before it gives up.
 const connectTimeout = 30 * time.Second
 
+// revokeTimeout is kpar's default RevokeTimeout, which kpar forward keeps:
+// a rebalance must give a revoke that long.
+const revokeTimeout = 10 * time.Second
+
 // cmdForward consumes topics with the kpar engine and POSTs every record
 // (or batch of records) to an HTTP endpoint (package forward),
 // dead-lettering what the endpoint rejects or keeps failing to a Kafka
@@ -114,6 +118,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	commitInterval := fs.Duration("commit-interval", 2*time.Millisecond, "least time between two commits: a crash repeats the requests in flight plus what finished within one interval; each member commits at most 1/interval times a second, never while idle")
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
+	rebalanceTimeout := fs.Duration("rebalance-timeout", time.Minute, "how long a rebalance waits for the members to rejoin: a member that dies mid-rebalance holds the group (and its commits) this long; more than the 10s a revoke may wait for running records")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
@@ -163,6 +168,8 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
 	case *sessionTimeout < time.Second:
 		return fs.usageError("invalid --session-timeout %v: want 1s or more", *sessionTimeout)
+	case *rebalanceTimeout <= revokeTimeout:
+		return fs.usageError("invalid --rebalance-timeout %v: want more than %v, the time a revoke may wait for running records", *rebalanceTimeout, revokeTimeout)
 	}
 	rateOpts, code, ok := rateFlags(fs, *rateLimit, *rateBurst, *keyRateLimit, *keyRateBurst)
 	if !ok {
@@ -241,6 +248,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 
 	consumeOpts := []kgo.Opt{
 		kgo.SessionTimeout(*sessionTimeout),
+		kgo.RebalanceTimeout(*rebalanceTimeout),
 		// Three heartbeats per session timeout, as Kafka advises.
 		kgo.HeartbeatInterval(min(3*time.Second, *sessionTimeout/3)),
 	}

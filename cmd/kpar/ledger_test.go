@@ -2,14 +2,12 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,87 +91,6 @@ func (e *ledgerEndpoint) malformed() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.bad
-}
-
-// streamProducer produces keyed records ("k<i mod keys>", value "<i>")
-// at a steady rate until stopped, noting each acknowledged one in the
-// ledger: production goes on while the chaos happens.
-type streamProducer struct {
-	cl     *kgo.Client
-	cancel context.CancelFunc
-	done   chan struct{}
-	// started is closed on the first acknowledgement: the topic exists.
-	started   chan struct{}
-	startOnce sync.Once
-	acked     atomic.Int64
-	failed    atomic.Int64
-	first     atomic.Value // the first produce error
-	once      sync.Once    // stop runs once: by the test, else at cleanup
-}
-
-// startProducer produces perSecond records a second to topic.
-func startProducer(ctx context.Context, t *testing.T, addr, topic string, perSecond, keys int, l *ledger.Ledger) *streamProducer {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(addr, ",")...), kgo.DefaultProduceTopic(topic), kgo.AllowAutoTopicCreation(),
-		kgo.ProducerLinger(time.Millisecond), kgo.RecordRetries(1000), kgo.RecordDeliveryTimeout(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	p := &streamProducer{cl: cl, cancel: cancel, done: make(chan struct{}), started: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		const tick = 10 * time.Millisecond
-		ticker := time.NewTicker(tick)
-		defer ticker.Stop()
-		per := max(1, perSecond*int(tick)/int(time.Second))
-		for i := 0; ; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-			for range per {
-				r := &kgo.Record{Key: fmt.Appendf(nil, "k%03d", i%keys), Value: []byte(strconv.Itoa(i))}
-				i++
-				cl.Produce(context.WithoutCancel(ctx), r, func(r *kgo.Record, err error) {
-					if err != nil {
-						p.failed.Add(1)
-						p.first.CompareAndSwap(nil, err)
-						return
-					}
-					l.Produced(r)
-					p.acked.Add(1)
-					p.startOnce.Do(func() { close(p.started) })
-				})
-			}
-		}
-	}()
-	t.Cleanup(func() { p.stop(t) })
-	return p
-}
-
-// stop ends production, waits for every acknowledgement and returns how
-// many records were acknowledged.
-func (p *streamProducer) stop(t *testing.T) int64 {
-	t.Helper()
-	p.once.Do(func() { p.flush(t) })
-	return p.acked.Load()
-}
-
-func (p *streamProducer) flush(t *testing.T) {
-	t.Helper()
-	p.cancel()
-	<-p.done
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.cl.Flush(ctx); err != nil {
-		t.Errorf("flushing the producer: %v", err)
-	}
-	p.cl.Close()
-	if n := p.failed.Load(); n > 0 {
-		t.Errorf("%d records not produced; first error: %v", n, p.first.Load())
-	}
 }
 
 // waitReached waits until the ledger has n finished records, failing the

@@ -3,11 +3,9 @@ package pgsink
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/url"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -107,7 +105,7 @@ func testSinkOutage(t *testing.T, dsn string, order kpar.Order, check ledger.Ord
 	go func() { ran <- cons.Run(runCtx) }()
 	defer func() { stop(); <-ran }()
 
-	prod := produceSteadily(ctx, t, brokers, topic, perSecond, keys, l)
+	prod := testkit.StartProducer(ctx, t, brokers, topic, perSecond, keys, l.Produced)
 	select { // under load before the outage
 	case <-l.Reached(int64(perSecond / 2)):
 	case <-ctx.Done():
@@ -129,7 +127,7 @@ func testSinkOutage(t *testing.T, dsn string, order kpar.Order, check ledger.Ord
 	}
 	during := l.Report()
 	proxy.setUp(true)
-	produced := prod.stop(t)
+	produced := prod.Stop(t)
 	select {
 	case <-l.Reached(produced):
 	case <-ctx.Done():
@@ -199,73 +197,4 @@ func (h *outageHooks) OnDeadLetterFailed(int, error) {
 	case h.failed <- struct{}{}:
 	default:
 	}
-}
-
-// steadyProducer produces records "0", "1", ... (key "k<i mod keys>") at a
-// steady rate until stopped, noting each acknowledged one in the ledger.
-type steadyProducer struct {
-	cl     *kgo.Client
-	cancel context.CancelFunc
-	done   chan struct{}
-	acked  atomic.Int64
-	mu     sync.Mutex
-	err    error
-}
-
-func produceSteadily(ctx context.Context, t *testing.T, brokers []string, topic string, perSecond, keys int, l *ledger.Ledger) *steadyProducer {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	p := &steadyProducer{cl: cl, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		const tick = 10 * time.Millisecond
-		ticker := time.NewTicker(tick)
-		defer ticker.Stop()
-		per := max(1, perSecond*int(tick)/int(time.Second))
-		for i := 0; ; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-			for range per {
-				r := &kgo.Record{Key: fmt.Appendf(nil, "k%d", i%keys), Value: []byte(strconv.Itoa(i))}
-				i++
-				cl.Produce(context.WithoutCancel(ctx), r, func(r *kgo.Record, err error) {
-					if err != nil {
-						p.mu.Lock()
-						p.err = errors.Join(p.err, err)
-						p.mu.Unlock()
-						return
-					}
-					l.Produced(r)
-					p.acked.Add(1)
-				})
-			}
-		}
-	}()
-	return p
-}
-
-// stop ends production and returns the records acknowledged.
-func (p *steadyProducer) stop(t *testing.T) int64 {
-	t.Helper()
-	p.cancel()
-	<-p.done
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := p.cl.Flush(ctx); err != nil {
-		t.Errorf("flush: %v", err)
-	}
-	p.cl.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.err != nil {
-		t.Errorf("produce: %v", p.err)
-	}
-	return p.acked.Load()
 }
