@@ -80,44 +80,7 @@ func decodeValue(b []byte) produced {
 // partition, in production order.
 func produce(t testing.TB, c cluster, topic string, n, keys int, onAck ...func(*kgo.Record)) {
 	t.Helper()
-	topic = nameIn(c, topic)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	seqs := make([]int, keys)
-	var (
-		mu    sync.Mutex
-		first error
-	)
-	for i := range n {
-		k := i % keys
-		r := &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", k), Value: encodeValue(k, seqs[k])}
-		seqs[k]++
-		cl.Produce(ctx, r, func(r *kgo.Record, err error) {
-			if err == nil {
-				for _, f := range onAck {
-					f(r)
-				}
-			}
-			if err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	if err := cl.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if first != nil {
-		t.Fatalf("produce: %v", first)
-	}
+	produceRange(t, c, nameIn(c, topic), 0, n, keys, onAck...)
 }
 
 // offsets returns the group's committed offsets and the topic's high
@@ -156,24 +119,7 @@ func offsets(t testing.TB, c cluster, group, topic string) (committed, end map[i
 // cancels it and returns Run's error.
 func runConsumer(t testing.TB, c *Consumer) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("Run did not return within 30s of cancel")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { stop() })
-	return stop
+	return testkit.Start(t, "Run", c.Run)
 }
 
 // waitFor waits for ch to be closed or fails the test after d.

@@ -3,7 +3,6 @@ package pgsink
 import (
 	"context"
 	"errors"
-	"net/url"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -50,22 +49,7 @@ func TestChaosSinkOutageAndPoisonStorm(t *testing.T) {
 func testSinkOutage(t *testing.T, dsn string, order kpar.Order, check ledger.Order, outage time.Duration, perSecond int) {
 	ctx, cancel := context.WithTimeout(t.Context(), outage+2*time.Minute)
 	defer cancel()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newSwitchProxy(t, u.Host)
-	proxy.setUp(true)
-	u.Host = proxy.ln.Addr().String()
-	q := u.Query()
-	q.Set("connect_timeout", "1")
-	u.RawQuery = q.Encode()
-	table := uniqueTable(t, dsn)
-	sink, err := Open(ctx, u.String(), Table(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
+	sink, proxy, table := proxiedSink(ctx, t, dsn, true)
 
 	const partitions, keys = 4, 100
 	topic, group := "storm", "g"

@@ -24,21 +24,7 @@ import (
 func TestOutageHoldsTheWindow(t *testing.T) {
 	dsn := postgresDSN(t)
 	ctx := testCtx(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newSwitchProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
-	q := u.Query()
-	q.Set("connect_timeout", "1")
-	u.RawQuery = q.Encode()
-	table := uniqueTable(t, dsn)
-	sink, err := Open(ctx, u.String(), Table(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
+	sink, proxy, table := proxiedSink(ctx, t, dsn, false)
 
 	const n, poison = 50, 5
 	c := testkit.Cluster(t, kfake.SeedTopics(1, "pgout"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
@@ -146,6 +132,30 @@ type switchProxy struct {
 	up     bool
 	conns  []net.Conn
 	wg     sync.WaitGroup
+}
+
+// proxiedSink opens a sink on a table of its own that reaches dsn's
+// server through a proxy the test switches off and on (up or not at
+// first). Connections time out after a second, so an outage is felt fast.
+func proxiedSink(ctx context.Context, t *testing.T, dsn string, up bool) (*Sink, *switchProxy, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newSwitchProxy(t, u.Host)
+	proxy.setUp(up)
+	u.Host = proxy.ln.Addr().String()
+	q := u.Query()
+	q.Set("connect_timeout", "1")
+	u.RawQuery = q.Encode()
+	table := uniqueTable(t, dsn)
+	sink, err := Open(ctx, u.String(), Table(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sink.Close)
+	return sink, proxy, table
 }
 
 func newSwitchProxy(t *testing.T, target string) *switchProxy {
