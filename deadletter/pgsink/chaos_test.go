@@ -84,10 +84,7 @@ func testSinkOutage(t *testing.T, dsn string, order kpar.Order, check ledger.Ord
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- cons.Run(runCtx) }()
-	defer func() { stop(); <-ran }()
+	stop := testkit.Start(t, "Run", cons.Run)
 
 	prod := testkit.StartProducer(ctx, t, brokers, topic, perSecond, keys, l.Produced)
 	select { // under load before the outage
@@ -117,11 +114,9 @@ func testSinkOutage(t *testing.T, dsn string, order kpar.Order, check ledger.Ord
 	case <-ctx.Done():
 		t.Fatalf("after the outage: %+v", l.Report())
 	}
-	stop()
-	if err := <-ran; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	ran <- nil // for the deferred stop
 
 	rep := l.Report()
 	t.Logf("%s: %d records at %d/s, PostgreSQL down %v (%d failed sink writes); handled during the outage %d; %+v",

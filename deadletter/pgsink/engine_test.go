@@ -52,10 +52,7 @@ func TestOutageHoldsTheWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- cons.Run(runCtx) }()
-	defer func() { stop(); <-ran }()
+	stop := testkit.Start(t, "Run", cons.Run)
 
 	for range 2 { // the proxy starts down: PostgreSQL is unreachable
 		select {
@@ -73,11 +70,9 @@ func TestOutageHoldsTheWindow(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the commit never passed the poison record after PostgreSQL came back")
 	}
-	stop()
-	if err := <-ran; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	ran <- nil // for the deferred stop
 	src, err := OpenSource(withTable(dsn, table))
 	if err != nil {
 		t.Fatal(err)
