@@ -546,15 +546,23 @@ func TestRetriesKeepOrderInEveryMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stop := runConsumer(t, cons)
-		waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
-		if err := stop(); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Report().Check(0); err != nil {
-			t.Fatal(err)
-		}
+		runChecked(t, cons, l)
 	})
+}
+
+// runChecked runs cons until l saw every record handled, stops it, and
+// fails the test on any record lost or repeated, out of order, or committed
+// past.
+func runChecked(t *testing.T, cons *Consumer, l *invariant.Ledger) {
+	t.Helper()
+	stop := runConsumer(t, cons)
+	waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Report().Check(0); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // forEachMode runs test as a subtest per ordering mode, named prefix and
@@ -591,13 +599,6 @@ func TestBatchRetriesKeepOrderInEveryMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stop := runConsumer(t, cons)
-		waitFor(t, l.AllHandled(), 60*time.Second, "every record handled")
-		if err := stop(); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Report().Check(0); err != nil {
-			t.Fatal(err)
-		}
+		runChecked(t, cons, l)
 	})
 }
