@@ -186,11 +186,7 @@ func (e *engine) enter(ps *partState, t *task) {
 		ps.win.Done(ps.win.Push(r.Offset))
 		ps.progress++
 		ps.skipped++
-		ps.bytes -= t.Value.size
-		e.bytes -= t.Value.size
-		e.pending--
-		t.Value.rec = nil
-		e.budgetFreed()
+		e.release(ps, t)
 		return
 	}
 	t.Value.part = ps
@@ -236,13 +232,8 @@ func (e *engine) syncPause(ps *partState) {
 	if want := ps.heldFull || ps.overBudget; want != ps.paused {
 		ps.paused = want
 		e.toggleFetch(fetchToggle{ps.tp, want, ps.win.Len(), true})
-		if !want && e.pollWait {
-			// The poller may wait for bytes with every partition paused.
-			e.pollWait = false
-			select {
-			case e.space <- struct{}{}:
-			default:
-			}
+		if !want {
+			e.wakePoller() // it may wait for bytes with every partition paused
 		}
 	}
 }

@@ -538,15 +538,23 @@ func (e *engine) release(ps *partState, t *task) {
 	e.budgetFreed()
 }
 
-// budgetFreed wakes the poller or the drain when they wait for it. Called
-// with mu held.
-func (e *engine) budgetFreed() {
-	if e.pollWait && e.bytes < e.cfg.maxBytes {
+// wakePoller wakes the poller if it waits for buffered bytes to drop (see
+// waitForBytes). Called with mu held.
+func (e *engine) wakePoller() {
+	if e.pollWait {
 		e.pollWait = false
 		select {
 		case e.space <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// budgetFreed wakes the poller or the drain when they wait for it. Called
+// with mu held.
+func (e *engine) budgetFreed() {
+	if e.bytes < e.cfg.maxBytes {
+		e.wakePoller()
 	}
 	if e.draining && e.pending == 0 && e.drained != nil {
 		close(e.drained)
