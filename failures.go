@@ -48,6 +48,16 @@ func noteFailure(it *item, err error, timedOut bool, now time.Time) *extra {
 	return x
 }
 
+// localAttempts is how many attempts a record gets here before it moves
+// on: MaxAttempts, or one for a record from a retry topic, which is itself
+// a delayed retry.
+func (c *cfg) localAttempts(it *item) int {
+	if it.level() > 0 {
+		return 1
+	}
+	return c.maxAttempts
+}
+
 // nextStep decides where a record goes after a failed attempt noted by
 // noteFailure: another local attempt while MaxAttempts allows (one per
 // retry-topic level), then the next retry topic, then the dead-letter sink;
@@ -56,10 +66,7 @@ func noteFailure(it *item, err error, timedOut bool, now time.Time) *extra {
 // It is the failure policy of every consuming mode.
 func (c *cfg) nextStep(it *item, log *slog.Logger) failStep {
 	x := it.x
-	allowed := c.maxAttempts
-	if it.level() > 0 {
-		allowed = 1 // each retry topic is itself a delayed retry
-	}
+	allowed := c.localAttempts(it)
 	switch {
 	case x.class != deadletter.ClassPermanent && it.attempts < allowed:
 		return stepRetry

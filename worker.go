@@ -428,14 +428,10 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	}
 	r := it.original()
 	attrs := []any{"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", it.attempts}
-	allowed := e.cfg.maxAttempts
-	if it.level() > 0 {
-		allowed = 1 // a retry topic is itself the retry (see nextStep)
-	}
 	switch {
 	case IsPermanent(err):
 		attrs = append(attrs, "next", "permanent: not retried")
-	case it.attempts >= allowed && !IsOverloaded(err):
+	case it.attempts >= e.cfg.localAttempts(it) && !IsOverloaded(err):
 		attrs = append(attrs, "next", "attempts used up")
 	default:
 		attrs = append(attrs, "retry_in", backoff)
