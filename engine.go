@@ -280,16 +280,9 @@ func (e *engine) run(ctx context.Context) error {
 // wait that long past its ShutdownTimeout. The client then finishes
 // closing in the background.
 func closeWithin(cl *kgo.Client, d time.Duration, log *slog.Logger) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		cl.Close()
-	}()
-	t := time.NewTimer(max(d, time.Second))
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
+	var closing sync.WaitGroup
+	closing.Go(cl.Close)
+	if !waitTimeout(&closing, max(d, time.Second)) {
 		log.Warn("kpar: the client did not close within the shutdown timeout (a group request still waits on the broker); it finishes closing in the background")
 	}
 }

@@ -377,7 +377,7 @@ func (s *shareRun) run(ctx context.Context) error {
 		s.log.Warn("kpar: leaving the share group timed out", "err", err)
 	}
 	cancel()
-	cl.Close()
+	closeWithin(cl, time.Until(deadline)+time.Second, s.log)
 	return runErr
 }
 
