@@ -155,7 +155,9 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 
 // TestSlowRecordDoesNotHoldBackOthers blocks one record's handler while
 // fast handlers run: a worker that took the slow record in a batch of
-// fast ones must not sit on the others (they go back to the ready queue).
+// fast ones must not sit on the others, neither those after it (they go
+// back to the ready queue) nor those it ran before it and finishes in a
+// group (finishGroup): all of them are finished and committed.
 func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 	for _, o := range []Order{ByKey, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {
@@ -172,12 +174,16 @@ func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 				l.Handled(r)
 				return nil
 			})
-			cons, err := New(h, append(testOpts(c, "slow", "slow"), Ordering(o), Concurrency(8))...)
+			hook, commits := commitSignal()
+			cons, err := New(h, append(testOpts(c, "slow", "slow"), Ordering(o), Concurrency(8), WithHooks(hook))...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			stop := runConsumer(t, cons)
 			waitFor(t, l.AllHandled(), 20*time.Second, "every record but the blocked one")
+			waitPartition(t, cons, commits, "every record but the blocked one finished and committed", func(s PartitionStats) bool {
+				return s.InFlight == 1 && s.Committed == 500 && s.CommittedFinished == n-501
+			})
 			close(release)
 			if err := stop(); err != nil {
 				t.Fatal(err)

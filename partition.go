@@ -16,11 +16,15 @@ import (
 var epoch = time.Now()
 
 type item struct {
-	rec      *kgo.Record
-	part     *partState
-	seq      window.Seq
-	size     int64
-	lane     uint64 // key mode: the key's hash, computed outside the lock
+	rec    *kgo.Record
+	part   *partState
+	seq    window.Seq
+	offset int64 // rec.Offset, copied by prepare: entering the window must not touch a cold record
+	size   int64
+	// lane is the hash of the key (never 0) in key mode, or with a
+	// KeyRateLimit; 0 for a record without a key. Computed by prepare,
+	// outside the lock.
+	lane     uint64
 	attempts int
 	// Dispatch times as durations since epoch (monotonic), half
 	// the size of two time.Times in the struct every record has.
@@ -119,11 +123,14 @@ type partState struct {
 	heldFull   bool
 	overBudget bool
 	// held are fetched records that did not fit in the window, in offset
-	// order, waiting for room. Once a window's worth is held the partition
+	// order, waiting for room. Once heldCap records are held the partition
 	// is paused until half of that drained, so held records never exceed
-	// one window plus one fetch of the partition. Their tasks are
-	// prepared (see prepare) and enter the window as room frees.
-	held      []*task
+	// heldCap plus one fetch of the partition. Their tasks are prepared
+	// (see prepare) and enter the window as room frees.
+	held heldQueue
+	// fetched is the number of records the partition's latest fetch
+	// brought, the unit of heldCap.
+	fetched   int
 	committed int64         // last committed offset, -1 for none
 	idle      chan struct{} // closed when running drops to 0 while revoking
 
@@ -148,6 +155,15 @@ type partState struct {
 	stuckSince    time.Time
 	stuckReported bool
 }
+
+// heldCap is how many held records pause the partition: two of its fetches,
+// at least one window and at most eight. A resume takes effect only with
+// the client's next fetch, which brings the partition's records a fetch
+// round trip later (building and decoding a whole fetch of every
+// partition): the half left when the resume is sent, one fetch of the
+// partition, keeps its workers busy until then. MaxBufferedBytes bounds
+// the bytes of all of it.
+func (ps *partState) heldCap(window int) int { return max(window, min(2*ps.fetched, 8*window)) }
 
 // finishedBefore reports whether offset is in the finished set read from
 // the commit metadata at assignment. Offsets arrive in increasing order, so

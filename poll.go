@@ -104,10 +104,10 @@ func (e *engine) admit(fs kgo.Fetches) {
 		// client rewound (an offset reset). Records already admitted are
 		// done or still tracked, so skipping them loses nothing.
 		last := ps.win.End() - 1
-		if n := len(ps.held); n > 0 {
-			last = ps.held[n-1].Value.rec.Offset
+		if ps.held.Len() > 0 {
+			last = ps.held.lastOffset()
 		}
-		for len(tasks) > 0 && tasks[0].Value.rec.Offset <= last {
+		for len(tasks) > 0 && tasks[0].Value.offset <= last {
 			tasks = tasks[1:]
 		}
 		if len(tasks) == 0 {
@@ -120,7 +120,7 @@ func (e *engine) admit(fs kgo.Fetches) {
 			e.askCommit()
 		}
 		if ps.resumeAt >= 0 {
-			if first := tasks[0].Value.rec.Offset; first < ps.resumeAt {
+			if first := tasks[0].Value.offset; first < ps.resumeAt {
 				// The committed offset was out of range (beyond the log
 				// after a topic was recreated, or below its start after
 				// retention) and the client reset to ConsumeResetOffset.
@@ -136,21 +136,18 @@ func (e *engine) admit(fs kgo.Fetches) {
 			e.pending++
 		}
 		readyBefore := e.ready.Len()
-		if len(ps.held) == 0 {
+		if ps.held.Len() == 0 {
 			room := min(len(tasks), e.cfg.windowRecords-ps.win.Len())
 			for i := range tasks[:room] {
 				e.enter(ps, &tasks[i])
 			}
 			tasks = tasks[room:]
 		}
-		for i := range tasks {
-			ps.held = append(ps.held, &tasks[i])
-		}
-		// Keep up to one window of records fetched ahead, so a draining
-		// window refills without waiting for a fetch; pause beyond that.
-		// (A resume takes effect only with the next fetch, which can wait
-		// FetchMaxWait, so pausing on every overflow stalls the pipeline.)
-		if len(ps.held) >= e.cfg.windowRecords && !ps.heldFull {
+		ps.held.push(tasks)
+		ps.fetched = len(p.Records)
+		// Keep records fetched ahead, so a draining window refills without
+		// waiting for a fetch; pause beyond heldCap.
+		if ps.held.Len() >= ps.heldCap(e.cfg.windowRecords) && !ps.heldFull {
 			ps.heldFull = true
 			e.syncPause(ps)
 		}
@@ -168,9 +165,9 @@ func (e *engine) prepare(recs []*kgo.Record) []task {
 	keyed := e.cfg.ordering == ByKey || (e.rate != nil && e.rate.keys != nil)
 	for i, r := range recs {
 		it := &tasks[i].Value
-		it.rec, it.size = r, recordSize(r)
+		it.rec, it.offset, it.size = r, r.Offset, recordSize(r)
 		if keyed && r.Key != nil {
-			it.lane = maphash.Bytes(e.seed, r.Key)
+			it.lane = max(maphash.Bytes(e.seed, r.Key), 1)
 		}
 	}
 	return tasks
@@ -179,20 +176,21 @@ func (e *engine) prepare(recs []*kgo.Record) []task {
 // enter appends a prepared task to ps's window and schedules it. Called
 // with mu held.
 func (e *engine) enter(ps *partState, t *task) {
-	r := t.Value.rec
-	if ps.skip != nil && ps.finishedBefore(r.Offset) {
+	offset := t.Value.offset
+	if ps.skip != nil && ps.finishedBefore(offset) {
 		// Finished before the last commit (its metadata said so): take
 		// its place in the window, done, without running it.
-		ps.win.Done(ps.win.Push(r.Offset))
+		ps.win.Done(ps.win.Push(offset))
 		ps.progress++
 		ps.skipped++
 		e.release(ps, t)
 		return
 	}
 	t.Value.part = ps
-	t.Value.seq = ps.win.Push(r.Offset)
+	t.Value.seq = ps.win.Push(offset)
 	if ps.level > 0 {
 		if err := decodeRetry(&t.Value, ps.level); err != nil {
+			r := t.Value.rec
 			e.log.Warn("kpar: retry-topic record with bad kpar headers; handling it now as it is",
 				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 		}

@@ -149,8 +149,9 @@ func (e *engine) dropLocked(ps *partState) {
 	}
 	ps.status = dropped
 	e.bytes -= ps.bytes - ps.waiting
-	e.pending -= ps.win.Pending() + len(ps.held)
-	ps.bytes, ps.held = 0, nil
+	e.pending -= ps.win.Pending() + ps.held.Len()
+	ps.bytes = 0
+	ps.held.reset()
 	for t, tm := range e.timers {
 		if t.Value.part == ps {
 			tm.Stop()

@@ -22,7 +22,7 @@ func (e *engine) stats() []PartitionStats {
 			End:       ps.win.End(),
 			Committed: ps.committed,
 			Buffered:  ps.win.Len(),
-			Held:      len(ps.held),
+			Held:      ps.held.Len(),
 			Finished:  ps.win.FinishedAbove(),
 			InFlight:  ps.running,
 			Paused:    ps.paused,

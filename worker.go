@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,13 @@ const maxTake = 64
 // microseconds at most.
 const fastHandler = 20 * time.Microsecond
 
+// finishGroup is how many fast records that succeeded a worker finishes in
+// one lock round trip when it has more taken records to run: the lock, not
+// the handler, is the cost of a fast record. A lane's successor waits for
+// its group, microseconds at most, since groups form only below
+// fastHandler per record.
+const finishGroup = 16
+
 // stealAfter is how long a worker may stay in one handler call before the
 // records it took with it (and has not started) go back to the ready queue
 // for other workers. Fast batches form only below fastHandler per record,
@@ -29,11 +37,18 @@ const fastHandler = 20 * time.Microsecond
 // records taken with it.
 const stealAfter = 10 * time.Millisecond
 
-// stash holds the records a worker took and has not started yet. mu is
-// taken after engine.mu when both are held; the stealer takes it alone.
+// stash holds the records a worker took and has not started yet, and
+// those it ran and has not finished yet. mu is taken after engine.mu when
+// both are held; the stealer takes it alone.
 type stash struct {
 	mu    sync.Mutex
-	tasks []*task // guarded by mu
+	tasks []*task // guarded by mu; tasks[head:] are waiting
+	head  int     // guarded by mu
+	// done are fast records that succeeded and wait to be finished with
+	// the worker's next ones, in one lock round trip (finishGroup).
+	// Whoever takes them finishes them: the worker, or the stealer when
+	// a later record holds the worker. Guarded by mu.
+	done []*task
 
 	// The record running now and its attempt number, written by the
 	// worker: for stuck reports, and for the stealer, which sees a worker
@@ -43,28 +58,78 @@ type stash struct {
 	seen           *task // current at the stealer's last look; owned by the stealer
 }
 
+// pop removes the next waiting task, or returns nil. The slice keeps its
+// array, so a worker's stash allocates once, not once per take.
 func (s *stash) pop() *task {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.tasks) == 0 {
-		s.tasks = s.tasks[:0]
+	return s.popLocked()
+}
+
+func (s *stash) popLocked() *task {
+	if s.head == len(s.tasks) {
 		return nil
 	}
-	t := s.tasks[0]
-	s.tasks[0] = nil
-	s.tasks = s.tasks[1:]
+	t := s.tasks[s.head]
+	s.tasks[s.head] = nil
+	if s.head++; s.head == len(s.tasks) {
+		s.tasks, s.head = s.tasks[:0], 0
+	}
 	return t
+}
+
+// popAfter holds t, which succeeded, as done and pops the next waiting
+// task, under one lock. With nothing waiting it holds nothing and returns
+// nil: the caller finishes t (and the done ones) at once.
+func (s *stash) popAfter(t *task) *task {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.head == len(s.tasks) {
+		return nil
+	}
+	s.done = append(s.done, t)
+	return s.popLocked()
+}
+
+// takeDone moves the done tasks to dst and returns it.
+func (s *stash) takeDone(dst []*task) []*task {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dst = append(dst, s.done...)
+	clear(s.done)
+	s.done = s.done[:0]
+	return dst
+}
+
+// push appends tasks to the waiting ones.
+func (s *stash) push(tasks []*task) {
+	s.mu.Lock()
+	s.tasks = append(s.tasks, tasks...)
+	s.mu.Unlock()
+}
+
+// takeAll removes and returns every waiting task and every done one, for
+// the stealer.
+func (s *stash) takeAll() (waiting, done []*task) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	waiting, done = slices.Clone(s.tasks[s.head:]), slices.Clone(s.done)
+	clear(s.tasks)
+	clear(s.done)
+	s.tasks, s.head, s.done = s.tasks[:0], 0, s.done[:0]
+	return waiting, done
 }
 
 func (s *stash) len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.tasks)
+	return len(s.tasks) - s.head
 }
 
 // stealer gives the stashed records of a worker that has been in one
 // handler call for stealAfter back to the ready queue, so that other
-// workers run them. It runs until ctx ends.
+// workers run them, and finishes the records the worker ran before that
+// call and had not finished. It runs until ctx ends.
 func (e *engine) stealer(ctx context.Context) {
 	t := time.NewTicker(stealAfter)
 	defer t.Stop()
@@ -80,15 +145,19 @@ func (e *engine) stealer(ctx context.Context) {
 				st.seen = cur // idle between calls, or a new record since
 				continue
 			}
-			st.mu.Lock()
-			stolen := st.tasks
-			st.tasks = nil
-			st.mu.Unlock()
-			if len(stolen) == 0 {
+			stolen, done := st.takeAll()
+			if len(stolen) == 0 && len(done) == 0 {
 				continue
 			}
 			e.mu.Lock()
 			ready := 0
+			now := time.Now()
+			for _, t := range done {
+				if next := e.finish(t, nil, false, 0, now); next != nil {
+					e.ready.Push(next)
+					ready++
+				}
+			}
 			for _, t := range stolen {
 				ps := t.Value.part
 				ps.running--
@@ -137,9 +206,7 @@ func (e *engine) worker(ctx context.Context, slot int) {
 			continue
 		}
 		if e.batch == nil {
-			st.mu.Lock()
-			st.tasks = append(st.tasks, batch...)
-			st.mu.Unlock()
+			st.push(batch)
 			clear(batch)
 		}
 		e.mu.Unlock()
@@ -155,9 +222,10 @@ func (e *engine) worker(ctx context.Context, slot int) {
 }
 
 // runEach runs the handler on each record of the worker's stash and
-// finishes each one as soon as its handler returns, so a slow record never
-// holds back the completion of a fast one taken with it; the stealer gives
-// the rest of the stash to other workers when one call runs long. It
+// finishes each one when its handler returns, or, for fast records, with
+// the next ones (finishGroup). A slow record never holds back the others:
+// when one call runs long, the stealer gives the rest of the stash to
+// other workers and finishes the records that wait in the group. It
 // returns with mu held and the updated estimate of the handler's time per
 // record.
 func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration) time.Duration {
@@ -172,7 +240,11 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 	now := start
 	ran := 0
 	locked := false
-	var carry *task // a lane's successor, run next by this worker
+	var (
+		carry   *task   // a lane's successor, or the stash's next record, run next by this worker
+		grouped int     // records held as done in the stash since the last finish
+		done    []*task // the stash's done records, taken to be finished
+	)
 	for {
 		t := carry
 		carry = nil
@@ -208,8 +280,32 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 			shared = nil
 		}
 		backoff := e.observe(t, err)
+		if err == nil && shared != nil && e.lim == nil && grouped < finishGroup-1 {
+			if more := st.popAfter(t); more != nil {
+				// Finish t with the records after it: they take
+				// microseconds, and t's successor, if it has one,
+				// waits that long.
+				grouped++
+				carry = more
+				continue
+			}
+		}
 		e.mu.Lock()
 		locked = true
+		if grouped > 0 {
+			grouped = 0
+			done = st.takeDone(done[:0])
+			handedOver := 0
+			for _, d := range done {
+				if next := e.finish(d, nil, false, 0, now); next != nil {
+					e.ready.Push(next)
+					handedOver++
+				}
+			}
+			clear(done)
+			done = done[:0]
+			e.wake(handedOver)
+		}
 		next := e.finish(t, err, timedOut, backoff, now)
 		if next != nil {
 			if fast && ran < maxTake && next.Value.part.status == live && e.rate == nil {
@@ -373,7 +469,7 @@ func (e *engine) fillBatch(batch []*task, first *task) []*task {
 }
 
 func isLaned(o Order, t *task) bool {
-	return t.Value.x == nil && (o == ByPartition || (o == ByKey && t.Value.rec.Key != nil))
+	return t.Value.x == nil && (o == ByPartition || (o == ByKey && t.Value.lane != 0))
 }
 
 func (e *engine) dispatched(t *task, now time.Time) {
@@ -498,23 +594,15 @@ func (e *engine) complete(t *task) (next *task) {
 	e.askCommit()
 	next = ps.lanes.Release(t)
 	e.release(ps, t)
-	if len(ps.held) > 0 {
+	if held := ps.held.Len(); held > 0 {
 		// Refill in chunks of a quarter window so slabs stay large.
-		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= len(ps.held) {
-			n := min(room, len(ps.held))
+		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= held {
 			readyBefore := e.ready.Len()
-			for _, t := range ps.held[:n] {
-				e.enter(ps, t)
-			}
-			clear(ps.held[:n])
-			ps.held = ps.held[n:]
-			if len(ps.held) == 0 {
-				ps.held = nil
-			}
+			ps.held.take(min(room, held), func(t *task) { e.enter(ps, t) })
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}
-	if ps.heldFull && len(ps.held) <= e.cfg.windowRecords/2 {
+	if ps.heldFull && ps.held.Len() <= ps.heldCap(e.cfg.windowRecords)/2 {
 		ps.heldFull = false
 		e.syncPause(ps)
 	}
