@@ -188,3 +188,24 @@ func (s *memSink) Write(_ context.Context, ls []deadletter.Letter) error {
 	s.letters = append(s.letters, ls...)
 	return nil
 }
+
+// gate holds handlers until it opens, or until their attempt ends. Opening
+// it again is harmless, so a test may also open it at cleanup.
+type gate struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func newGate() *gate { return &gate{ch: make(chan struct{})} }
+
+// wait blocks until g opens (nil) or ctx ends (ctx's error).
+func (g *gate) wait(ctx context.Context) error {
+	select {
+	case <-g.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
