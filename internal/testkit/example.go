@@ -1,7 +1,6 @@
 package testkit
 
 import (
-	"context"
 	"log"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -19,12 +18,12 @@ func ExampleCluster(topics []string, records ...*kgo.Record) *kfake.Cluster {
 	if err != nil {
 		log.Fatal(err)
 	}
-	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.DefaultProduceTopic(topics[0]))
-	if err != nil {
-		log.Fatal(err)
+	for _, r := range records {
+		if r.Topic == "" {
+			r.Topic = topics[0]
+		}
 	}
-	defer producer.Close()
-	if err := producer.ProduceSync(context.Background(), records...).FirstErr(); err != nil {
+	if _, err := produceSync(cluster.ListenAddrs(), records); err != nil {
 		log.Fatal(err)
 	}
 	return cluster
