@@ -9,41 +9,25 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
-// exampleCluster starts an in-process broker with topics of 4 partitions
-// and produces n records to the first, keyed by 10 customers. Examples
-// call it so that their bodies show only kpar.
-func exampleCluster(n int, topics ...string) *kfake.Cluster {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topics...))
-	if err != nil {
-		log.Fatal(err)
+// orders are n records for the examples' in-process broker
+// (testkit.ExampleCluster): "order-<i>", keyed by 10 customers.
+func orders(n int) []*kgo.Record {
+	rs := make([]*kgo.Record, n)
+	for i := range rs {
+		rs[i] = &kgo.Record{Key: fmt.Appendf(nil, "customer-%d", i%10), Value: fmt.Appendf(nil, "order-%d", i)}
 	}
-	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer producer.Close()
-	for i := range n {
-		producer.Produce(context.Background(), &kgo.Record{
-			Topic: topics[0],
-			Key:   fmt.Appendf(nil, "customer-%d", i%10),
-			Value: fmt.Appendf(nil, "order-%d", i),
-		}, nil)
-	}
-	if err := producer.Flush(context.Background()); err != nil {
-		log.Fatal(err)
-	}
-	return cluster
+	return rs
 }
 
 func Example() {
-	cluster := exampleCluster(100, "orders")
+	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
 	defer cluster.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -77,7 +61,7 @@ func Example() {
 // key, in ByKey mode) at once, in offset order: one database round trip
 // for many records.
 func ExampleNewBatch() {
-	cluster := exampleCluster(100, "orders")
+	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
 	defer cluster.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -130,7 +114,7 @@ var (
 )
 
 func ExampleWithHooks() {
-	cluster := exampleCluster(100, "orders")
+	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
 	defer cluster.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -165,7 +149,7 @@ func ExampleWithHooks() {
 // topic (itself a delayed retry). The sink here writes to Kafka
 // ("<topic>.dlq").
 func ExampleRetryTopics() {
-	cluster := exampleCluster(20, "orders", "orders.dlq")
+	cluster := testkit.ExampleCluster([]string{"orders", "orders.dlq"}, orders(20)...)
 	defer cluster.Close()
 	dlq, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...),
 		kgo.RecordPartitioner(kgo.ManualPartitioner())) // a dead letter keeps its partition
@@ -224,7 +208,7 @@ func (f deadLettered) OnDeadLettered(l deadletter.Letter) { f(l) }
 // A Permanent error skips the retries. The file sink appends JSON Lines and
 // fsyncs them before the record counts as finished.
 func ExampleDeadLetters() {
-	cluster := exampleCluster(20, "orders")
+	cluster := testkit.ExampleCluster([]string{"orders"}, orders(20)...)
 	defer cluster.Close()
 	dir, err := os.MkdirTemp("", "kpar-example")
 	if err != nil {
@@ -275,7 +259,7 @@ func ExampleDeadLetters() {
 // count. The handler, retries and dead letters are the Consumer's; each
 // outcome becomes an acknowledgement.
 func ExampleShareGroup() {
-	cluster := exampleCluster(100, "orders")
+	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
 	defer cluster.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -522,10 +522,7 @@ func testRetriesDoNotStarveHealthyPartitions(t *testing.T, mode orderMode) {
 // of its key or partition, retried ones included (internal/ledger checks).
 func TestRetriesKeepOrderInEveryMode(t *testing.T) {
 	forEachMode(t, "", func(t *testing.T, mode orderMode) {
-		const n, keys = 3000, 40
-		c := newCluster(t, "order", 4)
-		l := invariant.New(mode.check, n)
-		produce(t, c, "order", n, keys, l.Produced)
+		c, l := newOrderCheck(t, "order", mode)
 		var tries sync.Map // "p/offset" -> attempts so far
 		h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
 			k := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
@@ -548,6 +545,18 @@ func TestRetriesKeepOrderInEveryMode(t *testing.T) {
 		}
 		runChecked(t, cons, l)
 	})
+}
+
+// newOrderCheck starts a cluster whose topic of 4 partitions holds 3,000
+// records of 40 keys, each produced into l, a ledger checking mode's order:
+// the retries-keep-order tests' backlog.
+func newOrderCheck(t *testing.T, topic string, mode orderMode) (c *testCluster, l *invariant.Ledger) {
+	t.Helper()
+	const n, keys = 3000, 40
+	c = newCluster(t, topic, 4)
+	l = invariant.New(mode.check, n)
+	produce(t, c, topic, n, keys, l.Produced)
+	return c, l
 }
 
 // runChecked runs cons until l saw every record handled, stops it, and
@@ -580,10 +589,7 @@ func forEachMode(t *testing.T, prefix string, test func(t *testing.T, mode order
 // key or partition.
 func TestBatchRetriesKeepOrderInEveryMode(t *testing.T) {
 	forEachMode(t, "", func(t *testing.T, mode orderMode) {
-		const n, keys = 3000, 40
-		c := newCluster(t, "border", 4)
-		l := invariant.New(mode.check, n)
-		produce(t, c, "border", n, keys, l.Produced)
+		c, l := newOrderCheck(t, "border", mode)
 		var batches atomic.Int64
 		h := BatchHandlerFunc(func(_ context.Context, rs []*kgo.Record) error {
 			if batches.Add(1)%10 == 3 {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kpar/kpar/deadletter"
 	invariant "github.com/kpar/kpar/internal/ledger"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // brokerFault is one way the broker misbehaves in TestBrokerFaults.
@@ -187,23 +188,12 @@ func testBrokerFault(t *testing.T, f brokerFault, mode orderMode) {
 // writes (record i has key i%keys), so that a run can produce in parts.
 func produceRange(t testing.TB, c cluster, topic string, from, to, keys int, onAck ...func(*kgo.Record)) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	var rs []*kgo.Record
 	for i := from; i < to; i++ {
 		k := i % keys
 		rs = append(rs, &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", k), Value: encodeValue(k, i/keys)})
 	}
-	res := cl.ProduceSync(ctx, rs...)
-	if err := res.FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-	for _, r := range res {
+	for _, r := range testkit.Produce(t, c.ListenAddrs(), rs...) {
 		for _, f := range onAck {
 			f(r.Record)
 		}

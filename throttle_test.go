@@ -16,6 +16,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	invariant "github.com/kpar/kpar/internal/ledger"
 )
 
 // virtualCluster starts a kfake broker on kfake's in-process network, so
@@ -152,20 +154,6 @@ func checkHotSpaced(t *testing.T, l *startLog, n int) []time.Time {
 	return hot
 }
 
-// maxInWindow is the most starts within any window of d.
-func maxInWindow(ts []time.Time, d time.Duration) int {
-	ts = slices.Clone(ts)
-	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
-	best, j := 0, 0
-	for i := range ts {
-		for ts[i].Sub(ts[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
-
 // TestRateLimitSpacesStarts: 300 records under RateLimit(100, 10) start no
 // more than 110 in any second and take about 2.9 s of virtual time (the
 // burst of 10 at once, then 100 a second), with retries counted as starts.
@@ -196,7 +184,7 @@ func TestRateLimitSpacesStarts(t *testing.T) {
 		if starts <= 300 {
 			t.Fatalf("%d starts for 300 records, want the retries on top", starts)
 		}
-		if m := maxInWindow(l.starts, time.Second); m > 110 {
+		if m := invariant.MaxInWindow(l.starts, time.Second); m > 110 {
 			t.Errorf("%d starts within one second, want at most 110 (rate 100, burst 10)", m)
 		}
 		// (starts - burst) / rate from the first start to the last.

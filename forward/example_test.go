@@ -10,31 +10,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/forward"
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // A forward.Handler is a kpar.Handler: every record is POSTed to the URL,
 // and the response decides its outcome (2xx done, 429 and 5xx retried,
 // other 4xx dead-lettered).
 func Example() {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
-	if err != nil {
-		log.Fatal(err)
-	}
+	// An in-process broker with topic "orders" holding a, b and c.
+	cluster := testkit.ExampleCluster([]string{"orders"}, kgo.StringRecord("a"), kgo.StringRecord("b"), kgo.StringRecord("c"))
 	defer cluster.Close()
-	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, v := range []string{"a", "b", "c"} {
-		producer.Produce(context.Background(), &kgo.Record{Topic: "orders", Value: []byte(v)}, nil)
-	}
-	producer.Flush(context.Background())
-	producer.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -4,33 +4,27 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/internal/testkit"
 	"github.com/kpar/kpar/kparprom"
 )
 
 // Metrics observes a Consumer through its hooks and its client; serve
 // m.Handler() on /metrics in a real program.
 func Example() {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
-	if err != nil {
-		log.Fatal(err)
+	// An in-process broker with 50 records on topic "orders".
+	records := make([]*kgo.Record, 50)
+	for i := range records {
+		records[i] = kgo.StringRecord(strconv.Itoa(i))
 	}
+	cluster := testkit.ExampleCluster([]string{"orders"}, records...)
 	defer cluster.Close()
-	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	if err != nil {
-		log.Fatal(err)
-	}
-	for i := range 50 {
-		producer.Produce(context.Background(), &kgo.Record{Topic: "orders", Value: fmt.Appendf(nil, "%d", i)}, nil)
-	}
-	producer.Flush(context.Background())
-	producer.Close()
 
 	m := kparprom.New()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

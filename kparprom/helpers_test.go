@@ -74,20 +74,11 @@ func run(t testing.TB, c *kpar.Consumer) (stop func() error) { return testkit.St
 // produce writes n records to topic, record i with key "key-<i%keys>".
 func produce(t testing.TB, c *kfake.Cluster, topic string, n, keys int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	rs := make([]*kgo.Record, n)
 	for i := range rs {
 		rs[i] = &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", i%keys), Value: fmt.Appendf(nil, "value-%d", i)}
 	}
-	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Produce(t, c.ListenAddrs(), rs...)
 }
 
 // eventually polls cond every 20ms until it holds or d passes.
@@ -188,3 +179,24 @@ func (s *memSink) Write(_ context.Context, ls []deadletter.Letter) error {
 	s.letters = append(s.letters, ls...)
 	return nil
 }
+
+// gate holds handlers until it opens, or until their attempt ends. Opening
+// it again is harmless, so a test may also open it at cleanup.
+type gate struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func newGate() *gate { return &gate{ch: make(chan struct{})} }
+
+// wait blocks until g opens (nil) or ctx ends (ctx's error).
+func (g *gate) wait(ctx context.Context) error {
+	select {
+	case <-g.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }

@@ -107,15 +107,8 @@ func TestPartitionCollectorReportsWindowsAndLag(t *testing.T) {
 	produce(t, cluster, topic, n, n) // a key per record: all may run at once
 
 	m := kparprom.New()
-	release := make(chan struct{})
-	cons := newConsumer(t, cluster, m, "g", topic, func(ctx context.Context, _ *kgo.Record) error {
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	})
+	held := newGate()
+	cons := newConsumer(t, cluster, m, "g", topic, func(ctx context.Context, _ *kgo.Record) error { return held.wait(ctx) })
 	pc := m.PartitionCollector(cons.Partitions)
 	g := collectorGatherer(t, pc)
 	run(t, cons)
@@ -157,7 +150,7 @@ func TestPartitionCollectorReportsWindowsAndLag(t *testing.T) {
 		}
 	}
 
-	close(release)
+	held.open()
 	// Lag is cached for a second; wait for the commits and a fresh listing.
 	eventually(t, 20*time.Second, "lag back to 0", func() bool {
 		return sum(t, g, "kpar_partition_commit_lag", nil) == 0 && sum(t, g, "kpar_partition_committed_offset", nil) == n
@@ -302,26 +295,19 @@ func TestMetricsReportDeadLettersAndStuckRecords(t *testing.T) {
 	produce(t, cluster, topic, n, n)
 
 	m := kparprom.New()
-	release := make(chan struct{})
+	held := newGate()
 	sink := &memSink{failFirst: 1}
 	cons := newConsumer(t, cluster, m, "g", topic, func(ctx context.Context, r *kgo.Record) error {
 		switch {
 		case r.Partition == 0 && r.Offset == 0: // holds partition 0's window start
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return held.wait(ctx)
 		case r.Offset%3 == 2:
 			return kpar.Permanent(errors.New("bad record"))
 		}
 		return nil
 	}, kpar.DeadLetters(sink), kpar.StuckAfter(200*time.Millisecond))
 	stop := run(t, cons)
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(unblock) // registered after run's cleanup, so it runs before the consumer stops
+	t.Cleanup(held.open) // registered after run's cleanup, so it runs before the consumer stops
 
 	eventually(t, 20*time.Second, "every other record finished and the held one reported stuck", func() bool {
 		tot := m.Totals()
@@ -372,7 +358,7 @@ func TestMetricsReportDeadLettersAndStuckRecords(t *testing.T) {
 		t.Errorf("partition 0 stuck at %d for %v, want offset 0 for at least 200ms", st[0].StuckOffset, st[0].StuckFor)
 	}
 
-	unblock()
+	held.open()
 	eventually(t, 20*time.Second, "the stuck record finished", func() bool {
 		return sum(t, g, "kpar_partition_stuck_seconds", nil) == 0 && m.Totals().Handled+m.Totals().DeadLettered == n
 	})
@@ -395,14 +381,10 @@ func TestBacklogIsBelowLagWhenRecordsFinishOutOfOrder(t *testing.T) {
 	cluster := newCluster(t, topic, 1)
 	produce(t, cluster, topic, n, n)
 	m := kparprom.New()
-	release := make(chan struct{})
+	held := newGate()
 	cons := newConsumer(t, cluster, m, "g", topic, func(ctx context.Context, r *kgo.Record) error {
 		if r.Offset == 0 {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return held.wait(ctx)
 		}
 		return nil
 	})
@@ -418,6 +400,6 @@ func TestBacklogIsBelowLagWhenRecordsFinishOutOfOrder(t *testing.T) {
 	if got := sum(t, g, "kpar_backlog_records_all", nil); got != 1 {
 		t.Errorf("kpar_backlog_records_all = %v, want 1", got)
 	}
-	close(release)
+	held.open()
 	eventually(t, 20*time.Second, "backlog 0", func() bool { return sum(t, g, "kpar_backlog_records_all", nil) == 0 })
 }

@@ -54,21 +54,11 @@ func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.Handle
 	cluster := testkit.Cluster(t, kfake.SeedTopics(partitions, "t"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 
 	if records > 0 {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ProducerLinger(time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
 		rs := make([]*kgo.Record, records)
 		for i := range rs {
 			rs[i] = &kgo.Record{Topic: "t", Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = cl.ProduceSync(ctx, rs...).FirstErr()
-		cancel()
-		cl.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		testkit.Produce(t, cluster.ListenAddrs(), rs...)
 	}
 
 	m := kparprom.New()

@@ -31,6 +31,9 @@
 // record below o is not, the engine's one unforgivable bug (a crash then
 // loses it). The same acknowledgement race applies: a record produced but
 // not yet acknowledged is not seen.
+//
+// Rates: MaxInWindow measures the peak rate a run kept, what RateLimit
+// bounds, for the engine's rate tests and the benchmarks' rate scenario.
 package ledger
 
 import (
@@ -155,6 +158,25 @@ type state struct {
 
 func (s *state) finished() bool { return s.handled > 0 || s.dead }
 
+// hold puts a produced, unfinished record at off into the streams it holds
+// back (its key's or partition's, and its partition's for the commit
+// check) until release.
+func (s *state) hold(off int64) {
+	if s.stream != nil {
+		s.stream.insert(off)
+	}
+	s.part.insert(off)
+}
+
+// release takes the record at off, just finished, out of the streams hold
+// put it in.
+func (s *state) release(off int64) {
+	if s.stream != nil {
+		s.stream.remove(off)
+	}
+	s.part.remove(off)
+}
+
 // stream holds the produced and not yet finished offsets of one stream,
 // sorted; acknowledgements arrive in offset order per partition, so appends
 // are the common case.
@@ -208,10 +230,7 @@ func (l *Ledger) Produced(r *kgo.Record) {
 		l.finish()
 		return
 	}
-	if s.stream != nil {
-		s.stream.insert(r.Offset)
-	}
-	s.part.insert(r.Offset)
+	s.hold(r.Offset)
 }
 
 // Handled records a successful handling of r.
@@ -235,16 +254,13 @@ func (l *Ledger) Handled(r *kgo.Record) {
 		l.rep.Handled++
 		return
 	}
-	if st := s.stream; st != nil {
-		if len(st.pending) > 0 && st.pending[0] < r.Offset {
-			l.rep.OrderViolations++
-			l.violation("%s/%d@%d (key %q) handled before %s/%d@%d of its %s", r.Topic, r.Partition, r.Offset, r.Key,
-				r.Topic, r.Partition, st.pending[0], l.streamName())
-		}
-		st.remove(r.Offset)
+	if st := s.stream; st != nil && len(st.pending) > 0 && st.pending[0] < r.Offset {
+		l.rep.OrderViolations++
+		l.violation("%s/%d@%d (key %q) handled before %s/%d@%d of its %s", r.Topic, r.Partition, r.Offset, r.Key,
+			r.Topic, r.Partition, st.pending[0], l.streamName())
 	}
-	s.part.remove(r.Offset)
 	l.rep.Handled++
+	s.release(r.Offset)
 	l.finish()
 }
 
@@ -265,14 +281,10 @@ func (l *Ledger) DeadLettered(r *kgo.Record) {
 		return
 	}
 	l.rep.DeadLettered++
-	if s.handled > 0 {
-		return
+	if s.handled == 0 {
+		s.release(r.Offset)
+		l.finish()
 	}
-	if s.stream != nil {
-		s.stream.remove(r.Offset)
-	}
-	s.part.remove(r.Offset)
-	l.finish()
 }
 
 // Committed records a successful commit of offset for a partition: every

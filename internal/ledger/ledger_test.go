@@ -1,8 +1,10 @@
 package ledger
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -13,6 +15,16 @@ func rec(p int32, off int64, key string) *kgo.Record {
 		r.Key = []byte(key)
 	}
 	return r
+}
+
+// notClosed fails the test if ch is closed already.
+func notClosed(t *testing.T, ch <-chan struct{}, why string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatal(why)
+	default:
+	}
 }
 
 func TestLedger(t *testing.T) {
@@ -102,11 +114,7 @@ func TestLedgerAllHandled(t *testing.T) {
 	l.Produced(rec(0, 1, "a"))
 	l.Handled(rec(0, 0, "a"))
 	l.Handled(rec(0, 0, "a"))
-	select {
-	case <-l.AllHandled():
-		t.Fatal("closed with a record unhandled")
-	default:
-	}
+	notClosed(t, l.AllHandled(), "closed with a record unhandled")
 	l.Handled(rec(0, 1, "a"))
 	<-l.AllHandled()
 	l.Handled(rec(0, 1, "a")) // a duplicate after the end must not close it again
@@ -118,11 +126,7 @@ func TestLedgerAllHandledCountsDeadLetters(t *testing.T) {
 	l.Produced(rec(0, 1, "a"))
 	l.DeadLettered(rec(0, 0, "a"))
 	l.Handled(rec(0, 0, "a")) // finished already: no second count
-	select {
-	case <-l.AllHandled():
-		t.Fatal("closed with a record unfinished")
-	default:
-	}
+	notClosed(t, l.AllHandled(), "closed with a record unfinished")
 	l.DeadLettered(rec(0, 1, "a"))
 	<-l.AllHandled()
 }
@@ -158,18 +162,38 @@ func TestLedgerReached(t *testing.T) {
 	one, two := l.Reached(1), l.Reached(2)
 	l.Handled(rec(0, 0, ""))
 	<-one
-	select {
-	case <-two:
-		t.Fatal("two reached after one record")
-	default:
-	}
+	notClosed(t, two, "two reached after one record")
 	l.Handled(rec(0, 0, "")) // a duplicate is no progress
-	select {
-	case <-two:
-		t.Fatal("two reached by a duplicate")
-	default:
-	}
+	notClosed(t, two, "two reached by a duplicate")
 	l.DeadLettered(rec(0, 1, ""))
 	<-two
 	<-l.Reached(2) // reached already: closed at once
+}
+
+func TestMaxInWindow(t *testing.T) {
+	at := func(ms ...int) []time.Time {
+		ts := make([]time.Time, len(ms))
+		for i, m := range ms {
+			ts[i] = time.Unix(0, 0).Add(time.Duration(m) * time.Millisecond)
+		}
+		return ts
+	}
+	for _, tc := range []struct {
+		ts   []time.Time
+		want int
+	}{
+		{nil, 0},
+		{at(0), 1},
+		{at(0, 999), 2},
+		{at(0, 1000), 1},                 // a window is half-open: 1000ms apart is two windows
+		{at(1500, 0, 100, 1200, 900), 3}, // unsorted: 0, 100 and 900, or 900, 1200 and 1500
+	} {
+		ts := slices.Clone(tc.ts)
+		if got := MaxInWindow(tc.ts, time.Second); got != tc.want {
+			t.Errorf("MaxInWindow(%v) = %d, want %d", tc.ts, got, tc.want)
+		}
+		if !slices.Equal(ts, tc.ts) {
+			t.Errorf("MaxInWindow reordered its argument: %v", tc.ts)
+		}
+	}
 }

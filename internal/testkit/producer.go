@@ -93,3 +93,29 @@ func (p *Producer) Stop(t testing.TB) int64 {
 	})
 	return p.acked.Load()
 }
+
+// Produce produces records to brokers and waits for every acknowledgement,
+// failing the test on an error. The results hold the records as
+// acknowledged (partition and offset set), for a ledger's Produced.
+func Produce(t testing.TB, brokers []string, records ...*kgo.Record) kgo.ProduceResults {
+	t.Helper()
+	res, err := produceSync(brokers, records)
+	if err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	return res
+}
+
+// produceSync produces records to brokers, waiting up to a minute for
+// their acknowledgements.
+func produceSync(brokers []string, records []*kgo.Record) (kgo.ProduceResults, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res := cl.ProduceSync(ctx, records...)
+	return res, res.FirstErr()
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
 	"github.com/kpar/kpar/forward"
+	"github.com/kpar/kpar/internal/ledger"
 )
 
 // The flow scenarios put an HTTP endpoint in this process and forward to
@@ -264,24 +265,11 @@ func (r *runner) rate(ctx context.Context) ([]Result, error) {
 	arrivals := slices.Clone(ep.arrivals)
 	ep.mu.Unlock()
 	ideal := float64(t.total) / flowRate
-	most := maxInWindow(arrivals, time.Second)
+	most := ledger.MaxInWindow(arrivals, time.Second)
 	res.Ratio, res.RatioTo = res.Seconds/ideal, fmt.Sprintf("%.0fs", ideal)
 	res.Note = join(res.Note, fmt.Sprintf("most requests in any 1s: %s (rate %d, burst %d); %s requests; dead letters %s",
 		commas(int64(most)), flowRate, flowRateBurst, commas(int64(len(arrivals))), commas(dead)))
 	return []Result{res}, ctx.Err()
-}
-
-// maxInWindow is the most times within any window of d.
-func maxInWindow(ts []time.Time, d time.Duration) int {
-	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
-	best, j := 0, 0
-	for i := range ts {
-		for ts[i].Sub(ts[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
 }
 
 // ---- forward, batch ----
