@@ -260,17 +260,25 @@ func (e *engine) run(ctx context.Context) error {
 
 	stopCommitter()
 	committer.Wait()
+	leaveWithin(ctx, cl, deadline, e.log, "the group waits for the session timeout before moving its partitions", func(cctx context.Context) {
+		if err := e.commit(cctx, nil); err != nil {
+			e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", err)
+		}
+	})
+	return runErr
+}
+
+// leaveWithin ends a member's session by deadline: last (the final commit,
+// or the flush of acknowledgements), then leaving the group, so that Close
+// returns at once, then closing cl. unleft says what not leaving costs.
+func leaveWithin(ctx context.Context, cl *kgo.Client, deadline time.Time, log *slog.Logger, unleft string, last func(context.Context)) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	if err := e.commit(cctx, nil); err != nil {
-		e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", err)
-	}
-	// Leave the group within the budget too; Close then returns at once.
+	last(cctx)
 	if err := cl.LeaveGroupContext(cctx); err != nil {
-		e.log.Warn("kpar: leaving the group timed out; the group waits for the session timeout before moving its partitions", "err", err)
+		log.Warn("kpar: leaving the group timed out; "+unleft, "err", err)
 	}
 	cancel()
-	closeWithin(cl, time.Until(deadline)+time.Second, e.log)
-	return runErr
+	closeWithin(cl, time.Until(deadline)+time.Second, log)
 }
 
 // closeWithin closes cl, waiting for it at most d. The client's Close

@@ -369,15 +369,11 @@ func (s *shareRun) run(ctx context.Context) error {
 		s.settle(left, kgo.AckRelease)
 	}
 
-	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	if err := cl.FlushAcks(cctx); err != nil {
-		s.log.Warn("kpar: flushing acknowledgements timed out; the broker redelivers those it did not get when their locks expire", "err", err)
-	}
-	if err := cl.LeaveGroupContext(cctx); err != nil {
-		s.log.Warn("kpar: leaving the share group timed out", "err", err)
-	}
-	cancel()
-	closeWithin(cl, time.Until(deadline)+time.Second, s.log)
+	leaveWithin(ctx, cl, deadline, s.log, "the broker releases this member's records when their locks expire", func(cctx context.Context) {
+		if err := cl.FlushAcks(cctx); err != nil {
+			s.log.Warn("kpar: flushing acknowledgements timed out; the broker redelivers those it did not get when their locks expire", "err", err)
+		}
+	})
 	return runErr
 }
 
