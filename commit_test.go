@@ -155,9 +155,8 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 
 // TestSlowRecordDoesNotHoldBackOthers blocks one record's handler while
 // fast handlers run: a worker that took the slow record in a batch of
-// fast ones must not sit on the others, neither those after it (they go
-// back to the ready queue) nor those it ran before it and finishes in a
-// group (finishGroup): all of them are finished and committed.
+// fast ones must not sit on the others (they go back to the ready queue):
+// while it blocks, every other record is finished and committed.
 func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 	for _, o := range []Order{ByKey, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {

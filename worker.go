@@ -23,13 +23,6 @@ const maxTake = 64
 // microseconds at most.
 const fastHandler = 20 * time.Microsecond
 
-// finishGroup is how many fast records that succeeded a worker finishes in
-// one lock round trip when it has more taken records to run: the lock, not
-// the handler, is the cost of a fast record. A lane's successor waits for
-// its group, microseconds at most, since groups form only below
-// fastHandler per record.
-const finishGroup = 16
-
 // stealAfter is how long a worker may stay in one handler call before the
 // records it took with it (and has not started) go back to the ready queue
 // for other workers. Fast batches form only below fastHandler per record,
@@ -37,18 +30,12 @@ const finishGroup = 16
 // records taken with it.
 const stealAfter = 10 * time.Millisecond
 
-// stash holds the records a worker took and has not started yet, and
-// those it ran and has not finished yet. mu is taken after engine.mu when
-// both are held; the stealer takes it alone.
+// stash holds the records a worker took and has not started yet. mu is
+// taken after engine.mu when both are held; the stealer takes it alone.
 type stash struct {
 	mu    sync.Mutex
 	tasks []*task // guarded by mu; tasks[head:] are waiting
 	head  int     // guarded by mu
-	// done are fast records that succeeded and wait to be finished with
-	// the worker's next ones, in one lock round trip (finishGroup).
-	// Whoever takes them finishes them: the worker, or the stealer when
-	// a later record holds the worker. Guarded by mu.
-	done []*task
 
 	// The record running now and its attempt number, written by the
 	// worker: for stuck reports, and for the stealer, which sees a worker
@@ -63,10 +50,6 @@ type stash struct {
 func (s *stash) pop() *task {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.popLocked()
-}
-
-func (s *stash) popLocked() *task {
 	if s.head == len(s.tasks) {
 		return nil
 	}
@@ -78,29 +61,6 @@ func (s *stash) popLocked() *task {
 	return t
 }
 
-// popAfter holds t, which succeeded, as done and pops the next waiting
-// task, under one lock. With nothing waiting it holds nothing and returns
-// nil: the caller finishes t (and the done ones) at once.
-func (s *stash) popAfter(t *task) *task {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.head == len(s.tasks) {
-		return nil
-	}
-	s.done = append(s.done, t)
-	return s.popLocked()
-}
-
-// takeDone moves the done tasks to dst and returns it.
-func (s *stash) takeDone(dst []*task) []*task {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	dst = append(dst, s.done...)
-	clear(s.done)
-	s.done = s.done[:0]
-	return dst
-}
-
 // push appends tasks to the waiting ones.
 func (s *stash) push(tasks []*task) {
 	s.mu.Lock()
@@ -108,16 +68,14 @@ func (s *stash) push(tasks []*task) {
 	s.mu.Unlock()
 }
 
-// takeAll removes and returns every waiting task and every done one, for
-// the stealer.
-func (s *stash) takeAll() (waiting, done []*task) {
+// takeAll removes and returns every waiting task, for the stealer.
+func (s *stash) takeAll() []*task {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	waiting, done = slices.Clone(s.tasks[s.head:]), slices.Clone(s.done)
+	stolen := slices.Clone(s.tasks[s.head:])
 	clear(s.tasks)
-	clear(s.done)
-	s.tasks, s.head, s.done = s.tasks[:0], 0, s.done[:0]
-	return waiting, done
+	s.tasks, s.head = s.tasks[:0], 0
+	return stolen
 }
 
 func (s *stash) len() int {
@@ -128,8 +86,7 @@ func (s *stash) len() int {
 
 // stealer gives the stashed records of a worker that has been in one
 // handler call for stealAfter back to the ready queue, so that other
-// workers run them, and finishes the records the worker ran before that
-// call and had not finished. It runs until ctx ends.
+// workers run them. It runs until ctx ends.
 func (e *engine) stealer(ctx context.Context) {
 	t := time.NewTicker(stealAfter)
 	defer t.Stop()
@@ -145,19 +102,12 @@ func (e *engine) stealer(ctx context.Context) {
 				st.seen = cur // idle between calls, or a new record since
 				continue
 			}
-			stolen, done := st.takeAll()
-			if len(stolen) == 0 && len(done) == 0 {
+			stolen := st.takeAll()
+			if len(stolen) == 0 {
 				continue
 			}
 			e.mu.Lock()
 			ready := 0
-			now := time.Now()
-			for _, t := range done {
-				if next := e.finish(t, nil, false, 0, now); next != nil {
-					e.ready.Push(next)
-					ready++
-				}
-			}
 			for _, t := range stolen {
 				ps := t.Value.part
 				ps.running--
@@ -222,10 +172,9 @@ func (e *engine) worker(ctx context.Context, slot int) {
 }
 
 // runEach runs the handler on each record of the worker's stash and
-// finishes each one when its handler returns, or, for fast records, with
-// the next ones (finishGroup). A slow record never holds back the others:
-// when one call runs long, the stealer gives the rest of the stash to
-// other workers and finishes the records that wait in the group. It
+// finishes each one as soon as its handler returns, so a slow record never
+// holds back the completion of a fast one taken with it; the stealer gives
+// the rest of the stash to other workers when one call runs long. It
 // returns with mu held and the updated estimate of the handler's time per
 // record.
 func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration) time.Duration {
@@ -240,11 +189,7 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 	now := start
 	ran := 0
 	locked := false
-	var (
-		carry   *task   // a lane's successor, or the stash's next record, run next by this worker
-		grouped int     // records held as done in the stash since the last finish
-		done    []*task // the stash's done records, taken to be finished
-	)
+	var carry *task // a lane's successor, run next by this worker
 	for {
 		t := carry
 		carry = nil
@@ -280,32 +225,8 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 			shared = nil
 		}
 		backoff := e.observe(t, err)
-		if err == nil && shared != nil && e.lim == nil && grouped < finishGroup-1 {
-			if more := st.popAfter(t); more != nil {
-				// Finish t with the records after it: they take
-				// microseconds, and t's successor, if it has one,
-				// waits that long.
-				grouped++
-				carry = more
-				continue
-			}
-		}
 		e.mu.Lock()
 		locked = true
-		if grouped > 0 {
-			grouped = 0
-			done = st.takeDone(done[:0])
-			handedOver := 0
-			for _, d := range done {
-				if next := e.finish(d, nil, false, 0, now); next != nil {
-					e.ready.Push(next)
-					handedOver++
-				}
-			}
-			clear(done)
-			done = done[:0]
-			e.wake(handedOver)
-		}
 		next := e.finish(t, err, timedOut, backoff, now)
 		if next != nil {
 			if fast && ran < maxTake && next.Value.part.status == live && e.rate == nil {

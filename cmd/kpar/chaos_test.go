@@ -138,10 +138,13 @@ func TestChaosKillLoop(t *testing.T) {
 	// plus answers not yet read) and what finished within one commit
 	// spacing and the commit's round trip: at this endpoint's speed (about
 	// 15,000 records a second) 2 ms plus a round trip is another
-	// concurrency's worth or so.
+	// concurrency's worth or so, on average. A single kill that lands while
+	// a commit waits for the one before it (franz-go sends one at a time)
+	// on a busy machine costs up to about three: 100 in one soak of 80
+	// kills, with 14 requests in flight.
 	for k, d := range dups {
-		if d > 3*concurrency {
-			t.Errorf("kill %d: %d duplicates, want at most %d (3 x concurrency; %d requests were in flight)", k+1, d, 3*concurrency, inFlight[k])
+		if d > 4*concurrency {
+			t.Errorf("kill %d: %d duplicates, want at most %d (4 x concurrency; %d requests were in flight)", k+1, d, 4*concurrency, inFlight[k])
 		}
 	}
 	if mean := sum(dups) / len(dups); mean > 2*concurrency {
