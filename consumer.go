@@ -194,9 +194,10 @@ type PartitionStats struct {
 	// never exceeds WindowRecords.
 	Buffered int
 	// Held counts fetched records waiting for room in a full window. Once
-	// a window's worth is held the partition is paused until half of it
-	// moved into the window, so Held never exceeds WindowRecords plus one
-	// fetch.
+	// two of the partition's fetches are held (at least WindowRecords, at
+	// most eight times that) the partition is paused until half of them
+	// moved into the window, so Held never exceeds 8 × WindowRecords plus
+	// one fetch.
 	Held int
 	// Finished counts records above Start that are already done.
 	Finished int

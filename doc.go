@@ -16,9 +16,10 @@
 //
 // A window is bounded (WindowRecords per partition, MaxBufferedBytes over
 // all partitions). Records fetched beyond a full window wait outside it, up
-// to one more window's worth; then the partition is paused at the client
-// and resumed once half of those moved in, so a slow handler slows fetching
-// down instead of growing memory, and a fast one never waits for a fetch.
+// to two of the partition's fetches (at least one window, at most eight);
+// then the partition is paused at the client and resumed once half of
+// those moved in, so a slow handler slows fetching down instead of growing
+// memory, and a fast one never waits for a fetch.
 //
 // # Ordering
 //

@@ -43,19 +43,19 @@ type HookCommit interface {
 }
 
 // HookPartitionPaused is called when a partition's fetching was paused:
-// its window is full and a window's worth (WindowRecords) of fetched
-// records waits outside it, or MaxBufferedBytes is used up and the
-// partition holds more than its share of it. buffered is the window's size
-// at that moment.
+// its window is full and two of its fetches' worth of records (at least
+// WindowRecords, at most eight times that) wait outside it, or
+// MaxBufferedBytes is used up and the partition holds more than its share
+// of it. buffered is the window's size at that moment.
 type HookPartitionPaused interface {
 	OnPartitionPaused(topic string, partition int32, buffered int)
 }
 
 // HookPartitionResumed is called when a paused partition's fetching
-// resumed: at most half a window's worth (WindowRecords/2) of fetched
-// records still waits outside its window, and it holds at most half its
-// share of MaxBufferedBytes if that paused it. buffered is the window's
-// size.
+// resumed: at most half of what paused it still waits outside its window
+// (one of its fetches' worth, within WindowRecords/2 and four times
+// WindowRecords), and it holds at most half its share of MaxBufferedBytes
+// if that paused it. buffered is the window's size.
 type HookPartitionResumed interface {
 	OnPartitionResumed(topic string, partition int32, buffered int)
 }

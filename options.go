@@ -202,9 +202,10 @@ func BatchSize(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.batchSiz
 
 // WindowRecords bounds each partition's window: the records from the
 // lowest unfinished offset through the newest fetched one, overriding the
-// default 1000. Up to one more window's worth of fetched records waits
-// outside a full window; beyond that the partition is paused. It also
-// bounds the duplicates a crash can cause per partition.
+// default 1000. Fetched records wait outside a full window, up to two of
+// the partition's fetches (at least one window's worth, at most eight);
+// beyond that the partition is paused. It also bounds the duplicates a
+// crash can cause per partition.
 func WindowRecords(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.windowRecords = n }) }
 
 // MaxBufferedBytes bounds the key, value and header bytes of all records

@@ -82,9 +82,9 @@ func recordSize(r *kgo.Record) int64 {
 }
 
 // admit puts polled records into their windows and the scheduler. Records
-// that do not fit in a full window are held until it has room; once a
-// window's worth is held the partition is paused: the client stops fetching
-// it while the others go on.
+// that do not fit in a full window are held until it has room; once
+// heldCap are held the partition is paused: the client stops fetching it
+// while the others go on.
 func (e *engine) admit(fs kgo.Fetches) {
 	// The lock is taken per partition, and each slab allocated before it,
 	// so workers finishing records wait for one partition's worth of
