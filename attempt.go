@@ -140,7 +140,18 @@ func (c *attemptCtx) timedOut() bool {
 }
 
 // attemptSlots publishes each worker's running attempt to the watchdog.
-type attemptSlots []atomic.Pointer[attemptCtx]
+type attemptSlots []attemptSlot
+
+// attemptSlot is one worker's: padded to its own cache lines, since every
+// worker writes its slot and two on one line would make the cores trade it.
+type attemptSlot struct {
+	atomic.Pointer[attemptCtx]
+	_ [falseSharingPad]byte
+}
+
+// falseSharingPad separates what different workers write: two cache lines,
+// since CPUs fetch lines in adjacent pairs.
+const falseSharingPad = 128
 
 // watchdog cancels attempts past their deadline, relays a hard stop to every
 // running attempt, and reports partitions whose window start has not moved

@@ -35,6 +35,10 @@ type engine struct {
 
 	cl *kgo.Client // set once in run before any goroutine starts
 
+	// The fields above are read by every worker outside the lock; the
+	// lock's word and what it guards change with every record.
+	_ [falseSharingPad]byte
+
 	// mu guards the fields below up to commitMu, and the partStates in
 	// parts. It is held for bookkeeping only: no client call, handler or
 	// hook runs under it. Order: commitMu, then mu, then a stash's mu.

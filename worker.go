@@ -43,6 +43,8 @@ type stash struct {
 	current        atomic.Pointer[task]
 	currentAttempt atomic.Int32
 	seen           *task // current at the stealer's last look; owned by the stealer
+
+	_ [falseSharingPad]byte // every worker writes its stash: keep them off each other's lines
 }
 
 // pop removes the next waiting task, or returns nil. The slice keeps its
