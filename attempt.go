@@ -245,11 +245,11 @@ func (e *engine) attemptsOf(p tp, offset int64) int {
 	match := func(t *task) bool {
 		return t != nil && t.Value.part.tp == p && t.Value.rec != nil && t.Value.rec.Offset == offset
 	}
-	for i := range e.stashes {
-		// A batch of fast records shares one attempt context; the stash
-		// knows which record runs now.
-		if st := &e.stashes[i]; match(st.current.Load()) {
-			return int(st.currentAttempt.Load())
+	for i := range e.now {
+		// Fast records share one attempt context; nowRunning knows which
+		// record runs now.
+		if n := &e.now[i]; match(n.task.Load()) {
+			return int(n.attempt.Load())
 		}
 	}
 	for i := range e.slots {

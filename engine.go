@@ -30,7 +30,7 @@ type engine struct {
 	stuckAfter time.Duration
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
-	stashes []stash      // each worker's taken records not started yet (worker.go)
+	now     []nowRunning // the record each worker runs now (worker.go)
 	overdue atomic.Int64 // attempts running past their deadline at the last scan
 
 	cl *kgo.Client // set once in run before any goroutine starts
@@ -41,7 +41,7 @@ type engine struct {
 
 	// mu guards the fields below up to commitMu, and the partStates in
 	// parts. It is held for bookkeeping only: no client call, handler or
-	// hook runs under it. Order: commitMu, then mu, then a stash's mu.
+	// hook runs under it. Order: commitMu, then mu.
 	mu      sync.Mutex
 	cond    sync.Cond // workers wait here for ready records or stop
 	ready   sched.Queue[item]
@@ -102,7 +102,7 @@ func newEngine(c *Consumer) *engine {
 		timers:  make(map[*task]*time.Timer),
 		space:   make(chan struct{}, 1),
 		slots:   make(attemptSlots, c.cfg.concurrency),
-		stashes: make([]stash, c.cfg.concurrency),
+		now:     make([]nowRunning, c.cfg.concurrency),
 
 		exileWake:  make(chan struct{}, 1),
 		commitWake: make(chan struct{}, 1),
@@ -208,9 +208,6 @@ func (e *engine) run(ctx context.Context) error {
 	committer.Go(func() { e.committer(commitCtx) })
 	committer.Go(func() { e.fetchController(commitCtx) })
 	committer.Go(func() { e.watchdog(commitCtx, hctx.Done()) })
-	if e.batch == nil {
-		committer.Go(func() { e.stealer(commitCtx) })
-	}
 
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	pollDone := make(chan error, 1)

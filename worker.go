@@ -4,139 +4,41 @@ import (
 	"context"
 	"math/rand/v2"
 	"runtime/debug"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// maxTake bounds how many ready records one worker takes per lock round
-// trip. Taking several amortises the lock when handlers are fast; the share
-// is ready/Concurrency, so slow handlers still spread one record per worker.
+// maxTake bounds how many records one share-group worker takes per lock
+// round trip (share_worker.go), and how many one engine worker runs in a
+// row before it updates its estimate of the handler's time. Taking several
+// amortises the lock when handlers are fast; the share is
+// ready/Concurrency, so slow handlers still spread one record per worker.
 const maxTake = 64
 
-// fastHandler is the per-record handler time below which a worker takes
-// several records per lock round trip: there the lock, not the handler,
-// dominates, and holding a few records back from other workers costs
-// microseconds at most.
+// fastHandler is the per-record handler time below which a worker runs its
+// records with one attempt context and one clock reading, and runs a
+// lane's successor itself: there the bookkeeping, not the handler,
+// dominates.
 const fastHandler = 20 * time.Microsecond
 
-// stealAfter is how long a worker may stay in one handler call before the
-// records it took with it (and has not started) go back to the ready queue
-// for other workers. Fast batches form only below fastHandler per record,
-// so a call this long is an outlier: a slow record must not hold back the
-// records taken with it.
-const stealAfter = 10 * time.Millisecond
-
-// stash holds the records a worker took and has not started yet. mu is
-// taken after engine.mu when both are held; the stealer takes it alone.
-type stash struct {
-	mu    sync.Mutex
-	tasks []*task // guarded by mu; tasks[head:] are waiting
-	head  int     // guarded by mu
-
-	// The record running now and its attempt number, written by the
-	// worker: for stuck reports, and for the stealer, which sees a worker
-	// that made no progress when current stayed the same for stealAfter.
-	current        atomic.Pointer[task]
-	currentAttempt atomic.Int32
-	seen           *task // current at the stealer's last look; owned by the stealer
-
-	_ [falseSharingPad]byte // every worker writes its stash: keep them off each other's lines
-}
-
-// pop removes the next waiting task, or returns nil. The slice keeps its
-// array, so a worker's stash allocates once, not once per take.
-func (s *stash) pop() *task {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.head == len(s.tasks) {
-		return nil
-	}
-	t := s.tasks[s.head]
-	s.tasks[s.head] = nil
-	if s.head++; s.head == len(s.tasks) {
-		s.tasks, s.head = s.tasks[:0], 0
-	}
-	return t
-}
-
-// push appends tasks to the waiting ones.
-func (s *stash) push(tasks []*task) {
-	s.mu.Lock()
-	s.tasks = append(s.tasks, tasks...)
-	s.mu.Unlock()
-}
-
-// takeAll removes and returns every waiting task, for the stealer.
-func (s *stash) takeAll() []*task {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	stolen := slices.Clone(s.tasks[s.head:])
-	clear(s.tasks)
-	s.tasks, s.head = s.tasks[:0], 0
-	return stolen
-}
-
-func (s *stash) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.tasks) - s.head
-}
-
-// stealer gives the stashed records of a worker that has been in one
-// handler call for stealAfter back to the ready queue, so that other
-// workers run them. It runs until ctx ends.
-func (e *engine) stealer(ctx context.Context) {
-	t := time.NewTicker(stealAfter)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for i := range e.stashes {
-			st := &e.stashes[i]
-			if cur := st.current.Load(); cur == nil || cur != st.seen {
-				st.seen = cur // idle between calls, or a new record since
-				continue
-			}
-			stolen := st.takeAll()
-			if len(stolen) == 0 {
-				continue
-			}
-			e.mu.Lock()
-			ready := 0
-			for _, t := range stolen {
-				ps := t.Value.part
-				ps.running--
-				e.active--
-				if ps.running == 0 && ps.idle != nil {
-					close(ps.idle)
-					ps.idle = nil
-				}
-				if ps.status == live {
-					e.ready.Push(t)
-					ready++
-				}
-			}
-			e.wake(ready)
-			e.mu.Unlock()
-		}
-	}
+// nowRunning publishes the record a worker runs now and its attempt
+// number, for stuck reports: fast records share one attempt context, so
+// the worker's attempt slot alone does not say which record runs. Every
+// worker writes its own at every record: padded, so that two are never on
+// one cache line.
+type nowRunning struct {
+	task    atomic.Pointer[task]
+	attempt atomic.Int32
+	_       [falseSharingPad]byte
 }
 
 func (e *engine) worker(ctx context.Context, slot int) {
 	var (
 		batch []*task
 		recs  []*kgo.Record
-		st    = &e.stashes[slot]
-		// perRecord estimates this worker's handler time per record. Until
-		// a fast handler is measured, records are taken one at a time so a
-		// slow handler never sits on records another worker could run.
+		// perRecord estimates this worker's handler time per record.
 		perRecord = time.Hour
 	)
 	e.mu.Lock()
@@ -150,16 +52,12 @@ func (e *engine) worker(ctx context.Context, slot int) {
 			e.mu.Unlock()
 			return
 		}
-		batch = e.take(batch[:0], perRecord)
+		batch = e.take(batch[:0])
 		if e.ready.Len() > 0 && e.idle > 0 {
 			e.cond.Signal() // pass the wake-up on: there is more to do
 		}
 		if len(batch) == 0 {
 			continue
-		}
-		if e.batch == nil {
-			st.push(batch)
-			clear(batch)
 		}
 		e.mu.Unlock()
 
@@ -168,53 +66,40 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		if e.batch != nil {
 			e.runBatch(ctx, slot, batch, &recs)
 		} else {
-			perRecord = e.runEach(ctx, slot, perRecord)
+			perRecord = e.runEach(ctx, slot, batch[0], perRecord)
+			batch[0] = nil
 		}
 	}
 }
 
-// runEach runs the handler on each record of the worker's stash and
-// finishes each one as soon as its handler returns, so a slow record never
-// holds back the completion of a fast one taken with it; the stealer gives
-// the rest of the stash to other workers when one call runs long. It
-// returns with mu held and the updated estimate of the handler's time per
-// record.
-func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration) time.Duration {
-	st := &e.stashes[slot]
+// runEach runs the handler on first, then on the records this worker takes
+// next: one at a time, each taken in the lock round trip that finishes the
+// one before, so a worker never holds a record that another could run
+// while its handler is slow. It returns with mu held and the updated
+// estimate of the handler's time per record.
+func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord time.Duration) time.Duration {
+	now := &e.now[slot]
 	start := time.Now()
-	// A batch only forms when the handler is fast; its records then share
-	// one attempt context and one clock reading, which would otherwise cost
-	// more than the handler. If the shared context is cancelled (the batch
-	// ran past AttemptTimeout), the rest get contexts of their own.
+	// A fast handler's records share one attempt context and one clock
+	// reading, which would otherwise cost more than the handler. If the
+	// shared context is cancelled (the run went past AttemptTimeout), the
+	// rest get contexts of their own.
 	fast := perRecord < fastHandler
 	var shared *attemptCtx
-	now := start
+	at := start
 	ran := 0
-	locked := false
-	var carry *task // a lane's successor, run next by this worker
+	t := first
 	for {
-		t := carry
-		carry = nil
-		if t == nil {
-			t = st.pop()
-		}
-		if t == nil {
-			break
-		}
-		if locked {
-			e.mu.Unlock()
-			locked = false
-		}
 		if shared == nil && ran > 0 {
-			now = time.Now()
+			at = time.Now()
 		}
 		ran++
-		e.dispatched(t, now)
-		st.current.Store(t)
-		st.currentAttempt.Store(int32(t.Value.attempts))
+		e.dispatched(t, at)
+		now.task.Store(t)
+		now.attempt.Store(int32(t.Value.attempts))
 		actx := shared
 		if actx == nil {
-			actx = &attemptCtx{Context: ctx, deadline: now.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
+			actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
 			e.slots[slot].Store(actx)
 			if fast {
 				shared = actx
@@ -228,32 +113,36 @@ func (e *engine) runEach(ctx context.Context, slot int, perRecord time.Duration)
 		}
 		backoff := e.observe(t, err)
 		e.mu.Lock()
-		locked = true
-		next := e.finish(t, err, timedOut, backoff, now)
+		next := e.finish(t, err, timedOut, backoff, at)
 		if next != nil {
 			if fast && ran < maxTake && next.Value.part.status == live && e.rate == nil {
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
 				e.active++
-				carry = next
-			} else {
-				e.ready.Push(next)
-				if st.len() > 0 {
-					e.wake(1)
-				} // else this worker takes again at once
+				t = next
+				e.mu.Unlock()
+				continue
 			}
+			e.ready.Push(next)
 		}
+		if ran >= maxTake || e.stop || e.ready.Len() == 0 {
+			break
+		}
+		var one [1]*task
+		taken := e.take(one[:0])
+		if len(taken) == 0 {
+			break
+		}
+		t = taken[0]
+		if e.ready.Len() > 0 && e.idle > 0 {
+			e.cond.Signal() // there is more than this worker runs next
+		}
+		e.mu.Unlock()
 	}
-	st.current.Store(nil)
-	if !locked {
-		e.mu.Lock()
-	}
+	now.task.Store(nil)
 	if shared != nil {
 		e.slots[slot].Store(nil)
-	}
-	if ran == 0 {
-		return perRecord // everything was stolen before it started
 	}
 	took := time.Since(start) / time.Duration(ran)
 	if perRecord > time.Minute {
@@ -306,16 +195,12 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 	clear(*recs)
 }
 
-// take pops the records this worker runs next and marks them running.
-// Workers whose handler is fast take a share of the ready queue at once, so
-// the lock is paid once per several records; others take one. Called with
-// mu held.
-func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
-	n := 1
-	if e.batch == nil && perRecord < fastHandler {
-		n = min(maxTake, (e.ready.Len()+e.cfg.concurrency-1)/e.cfg.concurrency)
-	}
-	for len(batch) < n && !e.limited() {
+// take pops the record this worker runs next and marks it running: one,
+// or, for the batch handler, a batch started by the first. It returns
+// nothing when every ready record was set aside (revoked, not due yet, or
+// waiting for its key's rate). Called with mu held.
+func (e *engine) take(batch []*task) []*task {
+	for len(batch) == 0 && !e.limited() {
 		t := e.ready.Pop()
 		if t == nil {
 			break
@@ -336,13 +221,12 @@ func (e *engine) take(batch []*task, perRecord time.Duration) []*task {
 			continue // set aside until its key has a token (throttle.go)
 		}
 		ps.running++
-		before := len(batch)
 		batch = append(batch, t)
 		if e.batch != nil {
 			batch = e.fillBatch(batch, t)
 		}
-		e.active += len(batch) - before
-		e.started(len(batch) - before)
+		e.active += len(batch)
+		e.started(len(batch))
 	}
 	return batch
 }
