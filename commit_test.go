@@ -154,9 +154,8 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 }
 
 // TestSlowRecordDoesNotHoldBackOthers blocks one record's handler while
-// fast handlers run: a worker that took the slow record in a batch of
-// fast ones must not sit on the others (they go back to the ready queue):
-// while it blocks, every other record is finished and committed.
+// fast handlers run: the worker that runs it holds no other record, so
+// while it blocks every other record is finished and committed.
 func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 	for _, o := range []Order{ByKey, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {
