@@ -53,12 +53,37 @@ func testRecreatedTopic(t *testing.T, members bool) {
 		}
 		return nil
 	})
+	// The records before are committed before the topic goes: a commit of
+	// the old topic's offsets that lands after it was created again would
+	// apply them to the new one (commits name the topic, not its ID), a
+	// race of the test's making, not what it tests.
+	committedBefore := make(chan struct{})
+	var committedOnce sync.Once
+	var commitMu sync.Mutex
+	committed := map[int32]int64{}
+	commits := commitHook(func(offsets map[string]map[int32]int64, err error) {
+		commitMu.Lock()
+		defer commitMu.Unlock()
+		if err != nil {
+			return
+		}
+		sum := int64(0)
+		for p, o := range offsets[topic] {
+			committed[p] = max(committed[p], o)
+		}
+		for _, o := range committed {
+			sum += o
+		}
+		if sum >= 20 {
+			committedOnce.Do(func() { close(committedBefore) })
+		}
+	})
 	var unavailable topicEvents
 	var stop func() error
 	if members {
-		stop = runMembers(t, 2, h, append(groupOpts(c, "g", topic), WithHooks(&unavailable))...)
+		stop = runMembers(t, 2, h, append(groupOpts(c, "g", topic), WithHooks(&unavailable, commits))...)
 	} else {
-		cons, err := New(h, append(testOpts(c, "g", topic), WithHooks(&unavailable))...)
+		cons, err := New(h, append(testOpts(c, "g", topic), WithHooks(&unavailable, commits))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,6 +92,7 @@ func testRecreatedTopic(t *testing.T, members bool) {
 
 	produceValues(t, c, topic, "before", 20)
 	waitFor(t, before, 20*time.Second, "the records produced before the topic was recreated")
+	waitFor(t, committedBefore, 20*time.Second, "the commit of the records produced before the topic was recreated")
 
 	adm := adminClient(t, c)
 	ctx := context.Background()
