@@ -482,6 +482,37 @@ func TestShareByKeyRunsOneRecordPerKeyAtATime(t *testing.T) {
 	}
 }
 
+// TestShareSlowRecordDoesNotHoldBackOthers blocks one record's handler
+// while fast handlers run: the worker that runs it holds no other record,
+// so every other record of its poll is handled and acknowledged while it
+// blocks (the next poll waits for it: see poll).
+func TestShareSlowRecordDoesNotHoldBackOthers(t *testing.T) {
+	const topic, n, blocked = "share-slow", 400, 200
+	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
+	produce(t, c, topic, n, n) // every record its own key
+	release, started := make(chan struct{}), make(chan struct{})
+	cons, stop := runShare(t, c, topic, HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset != blocked {
+			return nil
+		}
+		close(started)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}), Concurrency(8))
+	waitFor(t, started, 20*time.Second, "the blocked record to start")
+	awaitShareStats(t, cons, 20*time.Second, "every other record of its poll acknowledged", func(s ShareStats) bool {
+		return s.Acquired == 1 && s.InFlight == 1
+	})
+	close(release)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
 // TestShareBatchHandlerGetsOneKeyPerBatch: NewBatch works in share mode; in
 // ByKey mode a batch holds records of one key, in offset order.
 func TestShareBatchHandlerGetsOneKeyPerBatch(t *testing.T) {

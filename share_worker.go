@@ -14,10 +14,6 @@ func (s *shareRun) worker(ctx context.Context, slot int) {
 	var (
 		taken, accept []*shareRec
 		recs          []*kgo.Record
-		// perRecord estimates the handler's time per record. Until a
-		// fast handler is measured, records are taken one at a time, so
-		// a slow handler never sits on records another worker could run.
-		perRecord = time.Hour
 	)
 	for {
 		s.mu.Lock()
@@ -28,24 +24,11 @@ func (s *shareRun) worker(ctx context.Context, slot int) {
 			s.mu.Unlock()
 			return
 		}
-		taken = s.takeLocked(taken[:0], perRecord)
+		taken = s.takeLocked(taken[:0])
 		s.running += len(taken)
 		s.mu.Unlock()
 
-		start := time.Now()
-		if s.bh != nil {
-			accept = s.attempt(ctx, slot, taken, &recs, accept)
-		} else {
-			for i := range taken {
-				accept = s.attempt(ctx, slot, taken[i:i+1], &recs, accept)
-			}
-		}
-		took := time.Since(start) / time.Duration(len(taken))
-		if perRecord > time.Minute {
-			perRecord = took
-		} else {
-			perRecord = (perRecord*3 + took) / 4
-		}
+		accept = s.attempt(ctx, slot, taken, &recs, accept)
 		s.mu.Lock()
 		s.running -= len(taken)
 		s.mu.Unlock()
@@ -95,27 +78,17 @@ func (s *shareRun) attempt(ctx context.Context, slot int, rs []*shareRec, recs *
 	return accept
 }
 
-// takeLocked pops the next ready record and, for a fast Handler, a share of
-// the others, or, for a BatchHandler, the records that may join it: its
-// key's queued records (ByKey), or the next ready records of its partition
-// without a lane. Called with mu held.
-func (s *shareRun) takeLocked(batch []*shareRec, perRecord time.Duration) []*shareRec {
+// takeLocked pops the next ready record and, for a BatchHandler, the
+// records that may join it: its key's queued records (ByKey), or the next
+// ready records of its partition without a lane. A Handler's worker takes
+// one record at a time, as the engine's do, so that a slow record holds
+// back no other (nor its acknowledgement). Called with mu held.
+func (s *shareRun) takeLocked(batch []*shareRec) []*shareRec {
 	first := s.ready[0]
 	s.ready[0] = nil
 	s.ready = s.ready[1:]
 	batch = append(batch, first)
 	if s.bh == nil {
-		// A worker whose handler is fast takes its share of the ready
-		// records at once, as the engine's do: the lock, not the
-		// handler, dominates there.
-		if perRecord < fastHandler {
-			n := min(maxTake, (len(s.ready)+s.cfg.concurrency)/s.cfg.concurrency)
-			for len(batch) < n && len(s.ready) > 0 {
-				batch = append(batch, s.ready[0])
-				s.ready[0] = nil
-				s.ready = s.ready[1:]
-			}
-		}
 		return batch
 	}
 	fr := first.t.Value.rec

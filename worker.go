@@ -10,11 +10,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// maxTake bounds how many records one share-group worker takes per lock
-// round trip (share_worker.go), and how many one engine worker runs in a
-// row before it updates its estimate of the handler's time. Taking several
-// amortises the lock when handlers are fast; the share is
-// ready/Concurrency, so slow handlers still spread one record per worker.
+// maxTake bounds how many records a worker runs in a row, its key's
+// successors included, before it updates its estimate of the handler's
+// time and passes through the outer loop.
 const maxTake = 64
 
 // fastHandler is the per-record handler time below which a worker runs its
