@@ -1,6 +1,6 @@
 module github.com/kpar/kpar
 
-go 1.26.0
+go 1.26
 
 require (
 	github.com/twmb/franz-go v1.22.3

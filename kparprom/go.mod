@@ -1,6 +1,6 @@
 module github.com/kpar/kpar/kparprom
 
-go 1.26.0
+go 1.26
 
 require (
 	github.com/kpar/kpar v0.1.0

@@ -1,6 +1,6 @@
 module github.com/kpar/kpar/cmd/kpar
 
-go 1.26.0
+go 1.26
 
 require (
 	github.com/IBM/sarama v1.61.1

@@ -1,6 +1,6 @@
 module github.com/kpar/kpar/deadletter/pgsink
 
-go 1.26.0
+go 1.26
 
 require (
 	github.com/jackc/pgx/v5 v5.13.0
