@@ -149,10 +149,6 @@ type attemptSlot struct {
 	_ [falseSharingPad]byte
 }
 
-// falseSharingPad separates what different workers write: two cache lines,
-// since CPUs fetch lines in adjacent pairs.
-const falseSharingPad = 128
-
 // watchdog cancels attempts past their deadline, relays a hard stop to every
 // running attempt, and reports partitions whose window start has not moved
 // for StuckAfter. It runs until ctx (the commit/watch context) ends.

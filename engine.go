@@ -90,6 +90,10 @@ type engine struct {
 	drained  chan struct{}
 }
 
+// falseSharingPad separates what different goroutines write: two cache
+// lines, since CPUs fetch lines in adjacent pairs.
+const falseSharingPad = 128
+
 func newEngine(c *Consumer) *engine {
 	e := &engine{
 		cfg:     &c.cfg,
