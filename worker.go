@@ -51,9 +51,6 @@ func (e *engine) worker(ctx context.Context, slot int) {
 			return
 		}
 		batch = e.take(batch[:0])
-		if e.ready.Len() > 0 && e.idle > 0 {
-			e.cond.Signal() // pass the wake-up on: there is more to do
-		}
 		if len(batch) == 0 {
 			continue
 		}
@@ -133,9 +130,6 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			break
 		}
 		t = taken[0]
-		if e.ready.Len() > 0 && e.idle > 0 {
-			e.cond.Signal() // there is more than this worker runs next
-		}
 		e.mu.Unlock()
 	}
 	now.task.Store(nil)
@@ -196,7 +190,8 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 // take pops the record this worker runs next and marks it running: one,
 // or, for the batch handler, a batch started by the first. It returns
 // nothing when every ready record was set aside (revoked, not due yet, or
-// waiting for its key's rate). Called with mu held.
+// waiting for its key's rate). When ready records remain it passes the
+// wake-up on to an idle worker (see wake). Called with mu held.
 func (e *engine) take(batch []*task) []*task {
 	for len(batch) == 0 && !e.limited() {
 		t := e.ready.Pop()
@@ -225,6 +220,9 @@ func (e *engine) take(batch []*task) []*task {
 		}
 		e.active += len(batch)
 		e.started(len(batch))
+	}
+	if e.ready.Len() > 0 && e.idle > 0 {
+		e.cond.Signal() // there is more than this worker runs
 	}
 	return batch
 }
