@@ -3,6 +3,7 @@ package kpar
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,7 +201,9 @@ func (e *engine) detectStuck(now time.Time) {
 		since  time.Time
 	}
 	var report []stuck
+	procs := runtime.GOMAXPROCS(0) // it can change: the runtime follows the CPU quota
 	e.mu.Lock()
+	e.procs = procs
 	for _, ps := range e.parts {
 		off, ok := ps.win.Start()
 		// Retry topics hold records until they are due by design; a start
@@ -241,11 +244,11 @@ func (e *engine) attemptsOf(p tp, offset int64) int {
 	match := func(t *task) bool {
 		return t != nil && t.Value.part.tp == p && t.Value.rec != nil && t.Value.rec.Offset == offset
 	}
-	for i := range e.now {
-		// Fast records share one attempt context; nowRunning knows which
-		// record runs now.
-		if n := &e.now[i]; match(n.task.Load()) {
-			return int(n.attempt.Load())
+	for _, t := range e.running {
+		// Fast records share one attempt context; running knows which
+		// record runs now, and its attempts were counted under mu.
+		if match(t) {
+			return t.Value.attempts
 		}
 	}
 	for i := range e.slots {

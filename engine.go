@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +31,6 @@ type engine struct {
 	stuckAfter time.Duration
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
-	now     []nowRunning // the record each worker runs now (worker.go)
 	overdue atomic.Int64 // attempts running past their deadline at the last scan
 
 	cl *kgo.Client // set once in run before any goroutine starts
@@ -51,6 +51,23 @@ type engine struct {
 	pending int   // admitted records not finished, over live partitions
 	timers  map[*task]*time.Timer
 	stop    bool // workers exit; timers do not fire
+	// running holds the record each worker runs now, for stuck reports
+	// (fast records share one attempt context, so a worker's attempt slot
+	// does not say which record runs). A worker sets its own in the lock
+	// round trip that takes the record: no atomic per record.
+	running []*task
+	// cheap is set when the last worker to update its estimate found
+	// records cheap (cheapHandler); procs is GOMAXPROCS, refreshed by the
+	// watchdog: with cheap records, no worker is woken beyond it (wake).
+	// finished counts finished attempts; the stall guard (schedule.go) is
+	// armed while guardArmed, and wakes a worker if finished still equals
+	// guardSeen when it fires.
+	cheap      bool
+	procs      int
+	finished   int
+	guard      *time.Timer
+	guardArmed bool
+	guardSeen  int
 	// pollWait is set while the poller waits for buffered bytes to drop
 	// below MaxBufferedBytes; space wakes it.
 	pollWait bool
@@ -106,7 +123,8 @@ func newEngine(c *Consumer) *engine {
 		timers:  make(map[*task]*time.Timer),
 		space:   make(chan struct{}, 1),
 		slots:   make(attemptSlots, c.cfg.concurrency),
-		now:     make([]nowRunning, c.cfg.concurrency),
+		running: make([]*task, c.cfg.concurrency),
+		procs:   runtime.GOMAXPROCS(0),
 
 		exileWake:  make(chan struct{}, 1),
 		commitWake: make(chan struct{}, 1),
@@ -239,6 +257,9 @@ func (e *engine) run(ctx context.Context) error {
 	if e.limitWake != nil {
 		e.limitWake.Stop()
 		e.limitWake = nil
+	}
+	if e.guard != nil {
+		e.guard.Stop()
 	}
 	for t, tm := range e.timers {
 		tm.Stop()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -21,16 +20,11 @@ const maxTake = 64
 // dominates.
 const fastHandler = 20 * time.Microsecond
 
-// nowRunning publishes the record a worker runs now and its attempt
-// number, for stuck reports: fast records share one attempt context, so
-// the worker's attempt slot alone does not say which record runs. Every
-// worker writes its own at every record: padded, so that two are never on
-// one cache line.
-type nowRunning struct {
-	task    atomic.Pointer[task]
-	attempt atomic.Int32
-	_       [falseSharingPad]byte
-}
+// cheapHandler is the time per record, handler and bookkeeping together,
+// below which records are cheap: then no worker is woken once GOMAXPROCS
+// records run (see wake). More workers would only take turns at the lock
+// and crowd the client's fetch goroutines off the CPU.
+const cheapHandler = 5 * time.Microsecond
 
 func (e *engine) worker(ctx context.Context, slot int) {
 	var (
@@ -54,6 +48,9 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		if len(batch) == 0 {
 			continue
 		}
+		if e.batch == nil {
+			e.runs(slot, batch[0])
+		}
 		e.mu.Unlock()
 
 		// Both return with mu held, so the last finish and the next take
@@ -67,13 +64,13 @@ func (e *engine) worker(ctx context.Context, slot int) {
 	}
 }
 
-// runEach runs the handler on first, then on the records this worker takes
-// next: one at a time, each taken in the lock round trip that finishes the
-// one before, so a worker never holds a record that another could run
-// while its handler is slow. It returns with mu held and the updated
-// estimate of the handler's time per record.
+// runEach runs the handler on first (taken and passed to runs by the
+// caller), then on the records this worker takes next: one at a time, each
+// taken in the lock round trip that finishes the one before, so a worker
+// never holds a record that another could run while its handler is slow.
+// It returns with mu held and the updated estimate of the handler's time
+// per record.
 func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord time.Duration) time.Duration {
-	now := &e.now[slot]
 	start := time.Now()
 	// A fast handler's records share one attempt context and one clock
 	// reading, which would otherwise cost more than the handler. If the
@@ -89,9 +86,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			at = time.Now()
 		}
 		ran++
-		e.dispatched(t, at)
-		now.task.Store(t)
-		now.attempt.Store(int32(t.Value.attempts))
+		e.stamp(t, at)
 		actx := shared
 		if actx == nil {
 			actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
@@ -108,6 +103,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 		}
 		backoff := e.observe(t, err)
 		e.mu.Lock()
+		e.running[slot] = nil
 		next := e.finish(t, err, timedOut, backoff, at)
 		if next != nil {
 			if fast && ran < maxTake && next.Value.part.status == live && e.rate == nil {
@@ -116,6 +112,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 				next.Value.part.running++
 				e.active++
 				t = next
+				e.runs(slot, t)
 				e.mu.Unlock()
 				continue
 			}
@@ -130,17 +127,18 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			break
 		}
 		t = taken[0]
+		e.runs(slot, t)
 		e.mu.Unlock()
 	}
-	now.task.Store(nil)
 	if shared != nil {
 		e.slots[slot].Store(nil)
 	}
 	took := time.Since(start) / time.Duration(ran)
-	if perRecord > time.Minute {
-		return took
+	if perRecord < time.Minute {
+		took = (perRecord*3 + took) / 4
 	}
-	return (perRecord*3 + took) / 4
+	e.cheap = took < cheapHandler
+	return took
 }
 
 // runBatch runs the batch handler once on every taken record and returns
@@ -221,9 +219,7 @@ func (e *engine) take(batch []*task) []*task {
 		e.active += len(batch)
 		e.started(len(batch))
 	}
-	if e.ready.Len() > 0 && e.idle > 0 {
-		e.cond.Signal() // there is more than this worker runs
-	}
+	e.wake(e.ready.Len()) // there is more than this worker runs
 	return batch
 }
 
@@ -275,9 +271,23 @@ func isLaned(o Order, t *task) bool {
 	return t.Value.x == nil && (o == ByPartition || (o == ByKey && t.Value.lane != 0))
 }
 
+// runs marks t as the record worker slot runs next and counts its attempt,
+// so that a stuck report reads both under mu. Called with mu held.
+func (e *engine) runs(slot int, t *task) {
+	t.Value.attempts++
+	e.running[slot] = t
+}
+
+// dispatched counts an attempt of t starting now and stamps it (see stamp).
 func (e *engine) dispatched(t *task, now time.Time) {
+	t.Value.attempts++
+	e.stamp(t, now)
+}
+
+// stamp records when t's attempt, already counted, started, and tells the
+// hooks.
+func (e *engine) stamp(t *task, now time.Time) {
 	it := &t.Value
-	it.attempts++
 	it.started = now.Sub(epoch)
 	if it.attempts == 1 {
 		it.first = it.started
@@ -364,6 +374,7 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 	ps := t.Value.part
 	ps.running--
 	e.active--
+	e.finished++
 	if e.lim != nil {
 		end := time.Now()
 		e.lim.Done(end, end.Sub(epoch)-t.Value.started, timedOut || IsOverloaded(err))
