@@ -3,7 +3,6 @@ package kpar
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,9 +200,7 @@ func (e *engine) detectStuck(now time.Time) {
 		since  time.Time
 	}
 	var report []stuck
-	procs := runtime.GOMAXPROCS(0) // it can change: the runtime follows the CPU quota
 	e.mu.Lock()
-	e.procs = procs
 	for _, ps := range e.parts {
 		off, ok := ps.win.Start()
 		// Retry topics hold records until they are due by design; a start

@@ -2,6 +2,7 @@ package kpar
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -156,43 +157,47 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 // TestSlowRecordDoesNotHoldBackOthers blocks one record's handler while
 // fast handlers run: the worker that runs it holds no other record, so
 // while it blocks every other record is finished and committed.
-// TestBlockedCheapWorkersDoNotHoldBackOthers: workers whose records have
-// been cheap wake no other beyond GOMAXPROCS running ones (cheapHandler).
-// When every running worker's handler then blocks, the stall guard must
-// still hand the ready records to idle workers.
-func TestBlockedCheapWorkersDoNotHoldBackOthers(t *testing.T) {
+// TestBlockedAfterCheapRecordsHoldBackNoOthers: after thousands of cheap
+// records, the workers' estimates say records are fast; when records then
+// block, in a row or one after another between cheap ones, the ready
+// records must still reach idle workers. (A scheduler that saved wake-ups
+// while records were cheap, tried and dropped, stalled here.)
+func TestBlockedAfterCheapRecordsHoldBackNoOthers(t *testing.T) {
 	for _, o := range []Order{ByKey, Unordered} {
-		t.Run(o.String(), func(t *testing.T) {
-			c := newFakeCluster(t, notPorted, "cheap", 1)
-			// Thousands of cheap records, then, once every worker is idle,
-			// a second batch starting with more blocked records than could
-			// be running. The first blocked one holds the window start;
-			// the batch fits in WindowRecords.
-			const warm, n, blocked = 3000, 3900, 8
-			l := invariant.New(invariant.ByKey, n-blocked)
-			produce(t, c, "cheap", warm, warm, l.Produced) // every record its own key
-			release := make(chan struct{})
-			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-				if r.Offset >= warm && r.Offset < warm+blocked {
-					<-release
+		for _, spread := range []int64{1, 50} {
+			t.Run(fmt.Sprintf("%s/every%d", o, spread), func(t *testing.T) {
+				c := newFakeCluster(t, notPorted, "cheap", 1)
+				// Thousands of cheap records, then, once every worker is
+				// idle, a second batch with more blocked records than could
+				// be running, every spread-th from its start. The first
+				// blocked one holds the window start; the batch fits in
+				// WindowRecords.
+				const warm, n, blocked = 3000, 3900, 8
+				l := invariant.New(invariant.ByKey, n-blocked)
+				produce(t, c, "cheap", warm, warm, l.Produced) // every record its own key
+				release := make(chan struct{})
+				h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+					if i := r.Offset - warm; i >= 0 && i%spread == 0 && i/spread < blocked {
+						<-release
+						return nil
+					}
+					l.Handled(r)
 					return nil
+				})
+				cons, err := New(h, append(testOpts(c, "cheap", "cheap"), Ordering(o), Concurrency(2*blocked))...)
+				if err != nil {
+					t.Fatal(err)
 				}
-				l.Handled(r)
-				return nil
+				stop := runConsumer(t, cons)
+				waitFor(t, l.Reached(warm), 20*time.Second, "the cheap records")
+				produceRange(t, c, nameIn(c, "cheap"), warm, n, n, l.Produced)
+				waitFor(t, l.AllHandled(), 20*time.Second, "every record but the blocked ones")
+				close(release)
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
 			})
-			cons, err := New(h, append(testOpts(c, "cheap", "cheap"), Ordering(o), Concurrency(2*blocked))...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop := runConsumer(t, cons)
-			waitFor(t, l.Reached(warm), 20*time.Second, "the cheap records")
-			produceRange(t, c, nameIn(c, "cheap"), warm, n, n, l.Produced)
-			waitFor(t, l.AllHandled(), 20*time.Second, "every record but the blocked ones")
-			close(release)
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
-		})
+		}
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,18 +55,6 @@ type engine struct {
 	// does not say which record runs). A worker sets its own in the lock
 	// round trip that takes the record: no atomic per record.
 	running []*task
-	// cheap is set when the last worker to update its estimate found
-	// records cheap (cheapHandler); procs is GOMAXPROCS, refreshed by the
-	// watchdog: with cheap records, no worker is woken beyond it (wake).
-	// finished counts finished attempts; the stall guard (schedule.go) is
-	// armed while guardArmed, and wakes a worker if finished still equals
-	// guardSeen when it fires.
-	cheap      bool
-	procs      int
-	finished   int
-	guard      *time.Timer
-	guardArmed bool
-	guardSeen  int
 	// pollWait is set while the poller waits for buffered bytes to drop
 	// below MaxBufferedBytes; space wakes it.
 	pollWait bool
@@ -124,7 +111,6 @@ func newEngine(c *Consumer) *engine {
 		space:   make(chan struct{}, 1),
 		slots:   make(attemptSlots, c.cfg.concurrency),
 		running: make([]*task, c.cfg.concurrency),
-		procs:   runtime.GOMAXPROCS(0),
 
 		exileWake:  make(chan struct{}, 1),
 		commitWake: make(chan struct{}, 1),
@@ -257,9 +243,6 @@ func (e *engine) run(ctx context.Context) error {
 	if e.limitWake != nil {
 		e.limitWake.Stop()
 		e.limitWake = nil
-	}
-	if e.guard != nil {
-		e.guard.Stop()
 	}
 	for t, tm := range e.timers {
 		tm.Stop()

@@ -20,12 +20,6 @@ const maxTake = 64
 // dominates.
 const fastHandler = 20 * time.Microsecond
 
-// cheapHandler is the time per record, handler and bookkeeping together,
-// below which records are cheap: then no worker is woken once GOMAXPROCS
-// records run (see wake). More workers would only take turns at the lock
-// and crowd the client's fetch goroutines off the CPU.
-const cheapHandler = 5 * time.Microsecond
-
 func (e *engine) worker(ctx context.Context, slot int) {
 	var (
 		batch []*task
@@ -134,11 +128,10 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 		e.slots[slot].Store(nil)
 	}
 	took := time.Since(start) / time.Duration(ran)
-	if perRecord < time.Minute {
-		took = (perRecord*3 + took) / 4
+	if perRecord > time.Minute {
+		return took
 	}
-	e.cheap = took < cheapHandler
-	return took
+	return (perRecord*3 + took) / 4
 }
 
 // runBatch runs the batch handler once on every taken record and returns
@@ -374,7 +367,6 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 	ps := t.Value.part
 	ps.running--
 	e.active--
-	e.finished++
 	if e.lim != nil {
 		end := time.Now()
 		e.lim.Done(end, end.Sub(epoch)-t.Value.started, timedOut || IsOverloaded(err))
