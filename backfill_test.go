@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -25,10 +24,7 @@ import (
 // backfillOpts are the options every backfill test shares: fast retries
 // and progress saves.
 func backfillOpts(c *kfake.Cluster, extra ...ConsumerOpt) []ConsumerOpt {
-	logger := slog.New(slog.DiscardHandler)
-	if os.Getenv("KPAR_TEST_LOG") != "" {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
+	logger := testLogger()
 	return append([]ConsumerOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),

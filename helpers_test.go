@@ -25,6 +25,21 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// testLogger discards the logs unless KPAR_TEST_LOG is set: to "debug",
+// it logs kpar's debug level and franz-go's info level (every join, fetch
+// session and commit), to anything else kpar's info level and franz-go's
+// warnings.
+func testLogger() *slog.Logger {
+	level := slog.LevelInfo
+	switch os.Getenv("KPAR_TEST_LOG") {
+	case "":
+		return slog.New(slog.DiscardHandler)
+	case "debug":
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
 // testOpts are the options every test consumer shares: fast heartbeats
 // and commits, short timeouts.
 //
@@ -32,10 +47,7 @@ func TestMain(m *testing.M) {
 // default (group.min.session.timeout.ms), and group and topic get the
 // test's prefix.
 func testOpts(c cluster, group, topic string) []ConsumerOpt {
-	logger := slog.New(slog.DiscardHandler)
-	if os.Getenv("KPAR_TEST_LOG") != "" {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
+	logger := testLogger()
 	heartbeat, session := 100*time.Millisecond, 2*time.Second
 	if onRealCluster(c) {
 		heartbeat, session = 500*time.Millisecond, testkit.RealSessionTimeout

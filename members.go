@@ -63,6 +63,7 @@ func RunMembers(ctx context.Context, n int, h Handler, opts ...GroupOpt) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	news := newGoneNews()
 	var (
 		wg       sync.WaitGroup
 		errMu    sync.Mutex
@@ -70,7 +71,7 @@ func RunMembers(ctx context.Context, n int, h Handler, opts ...GroupOpt) error {
 	)
 	for i := range n {
 		wg.Go(func() {
-			m := &member{cfg: &c, hooks: &hk, handler: h, id: i}
+			m := &member{cfg: &c, hooks: &hk, handler: h, id: i, news: news}
 			if err := m.run(ctx); err != nil {
 				errMu.Lock()
 				if firstErr == nil {
@@ -92,6 +93,7 @@ type member struct {
 	hooks   *hooks
 	handler Handler
 	id      int
+	news    *goneNews // shared by the members
 	cl      *kgo.Client
 }
 
@@ -153,9 +155,23 @@ func (m *member) run(ctx context.Context) error {
 	fetchLog := fetchErrorLog{log: m.cfg.logger}
 	// Commits are synchronous, so nothing of a gone topic is left to
 	// commit when the watch purges it: no forget callback.
-	topics := topicWatch{cl: cl, log: m.cfg.logger, regex: m.cfg.regex, hooks: m.hooks.topicUnavailable}
+	topics := topicWatch{cl: cl, log: m.cfg.logger, regex: m.cfg.regex, hooks: m.hooks.topicUnavailable,
+		announce: m.news.announce}
+	var seen uint64 // announcements of gone topics acted on
 	for {
-		fs := cl.PollRecords(ctx, membersPollRecords)
+		// Between polls, the previous poll handled and committed: a safe
+		// point to re-subscribe to a topic another member found gone. An
+		// announcement during the poll ends it early, to get here.
+		heard, now, wake := m.news.since(seen)
+		seen = now
+		for _, topic := range heard {
+			topics.heard(topic, time.Now())
+		}
+		pctx, endPoll := context.WithCancel(ctx)
+		stopWake := context.AfterFunc(wake, endPoll)
+		fs := cl.PollRecords(pctx, membersPollRecords)
+		stopWake()
+		endPoll()
 		if fs.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
 			return nil

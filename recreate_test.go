@@ -2,8 +2,6 @@ package kpar
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -150,10 +148,7 @@ func produceValues(t *testing.T, c interface{ ListenAddrs() []string }, topic, p
 
 // groupOpts are testOpts' counterparts for RunMembers.
 func groupOpts(c *kfake.Cluster, group, topic string) []GroupOpt {
-	logger := slog.New(slog.DiscardHandler)
-	if os.Getenv("KPAR_TEST_LOG") != "" {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
+	logger := testLogger()
 	return []GroupOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),

@@ -1,8 +1,10 @@
 package kpar
 
 import (
+	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -39,7 +41,10 @@ type topicWatch struct {
 	// purges it, so that nothing of the old topic is committed under the
 	// name of the new one.
 	forget func(topic string)
-	gone   map[string]*goneTopic
+	// announce, if set, tells the other members of a RunMembers that this
+	// one found the topic gone (see goneNews).
+	announce func(topic string)
+	gone     map[string]*goneTopic
 }
 
 type goneTopic struct {
@@ -67,14 +72,7 @@ func (w *topicWatch) observe(fs kgo.Fetches, now time.Time) {
 		}
 	})
 	for topic, err := range failing {
-		g := w.gone[topic]
-		if g == nil {
-			if w.gone == nil {
-				w.gone = map[string]*goneTopic{}
-			}
-			g = &goneTopic{since: now}
-			w.gone[topic] = g
-		}
+		g := w.entry(topic, now)
 		settled := errors.Is(err, kerr.UnknownTopicID) || now.Sub(g.since) >= topicGoneAfter
 		if !settled || now.Sub(g.readded) < topicReaddEvery {
 			continue
@@ -87,13 +85,9 @@ func (w *topicWatch) observe(fs kgo.Fetches, now time.Time) {
 				h.OnTopicUnavailable(topic, err)
 			}
 		}
-		g.readded = now
-		if w.forget != nil {
-			w.forget(topic)
-		}
-		w.cl.PurgeTopicsFromConsuming(topic)
-		if !w.regex {
-			w.cl.AddConsumeTopics(topic)
+		w.readd(g, topic, now)
+		if w.announce != nil {
+			w.announce(topic)
 		}
 	}
 	if len(w.gone) == 0 {
@@ -112,4 +106,88 @@ func (w *topicWatch) observe(fs kgo.Fetches, now time.Time) {
 			}
 		}
 	})
+}
+
+// entry returns the record of gone topic, made if new.
+func (w *topicWatch) entry(topic string, now time.Time) *goneTopic {
+	g := w.gone[topic]
+	if g == nil {
+		if w.gone == nil {
+			w.gone = map[string]*goneTopic{}
+		}
+		g = &goneTopic{since: now}
+		w.gone[topic] = g
+	}
+	return g
+}
+
+// readd has the client forget topic and subscribe to it again.
+func (w *topicWatch) readd(g *goneTopic, topic string, now time.Time) {
+	g.readded = now
+	if w.forget != nil {
+		w.forget(topic)
+	}
+	w.cl.PurgeTopicsFromConsuming(topic)
+	if !w.regex {
+		w.cl.AddConsumeTopics(topic)
+	}
+}
+
+// heard re-subscribes to a topic that another member found gone, unless
+// this member did so itself within topicReaddEvery. The member that found
+// it told the hooks, which RunMembers' members share, so this one does not;
+// but whichever member gets the topic's records first tells them the topic
+// is back: the finder's partitions of the new topic may have none.
+func (w *topicWatch) heard(topic string, now time.Time) {
+	g := w.entry(topic, now)
+	g.reported = true
+	if now.Sub(g.readded) < topicReaddEvery {
+		return
+	}
+	w.readd(g, topic, now)
+}
+
+// goneNews passes a gone topic from the member of a RunMembers that found
+// it to the others. Left to itself, a client finds a recreated topic only
+// once franz-go stops retrying UNKNOWN_TOPIC_ID: after six failed fetches
+// of a partition, which its fetch backoff spaces up to 5 s apart. So the
+// member handed a partition of the recreated topic in the rebalance that
+// the finder's re-subscription causes would wait about 30 s more, still
+// fetching by the old topic ID. Members in other processes still find it
+// that way.
+type goneNews struct {
+	mu     sync.Mutex
+	seq    uint64             // announcements so far; guarded by mu
+	topics map[string]uint64  // topic -> seq of its last announcement; guarded by mu
+	wake   context.Context    // cancelled at the next announcement; guarded by mu
+	cancel context.CancelFunc // cancels wake; guarded by mu
+}
+
+func newGoneNews() *goneNews {
+	n := &goneNews{topics: map[string]uint64{}}
+	n.wake, n.cancel = context.WithCancel(context.Background())
+	return n
+}
+
+// announce records topic as gone and wakes the members' polls.
+func (n *goneNews) announce(topic string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.seq++
+	n.topics[topic] = n.seq
+	n.cancel()
+	n.wake, n.cancel = context.WithCancel(context.Background())
+}
+
+// since returns the topics announced after the seen-th announcement, the
+// number of announcements so far, and a context cancelled at the next one.
+func (n *goneNews) since(seen uint64) (topics []string, now uint64, wake context.Context) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for topic, seq := range n.topics {
+		if seq > seen {
+			topics = append(topics, topic)
+		}
+	}
+	return topics, n.seq, n.wake
 }
