@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -145,14 +147,16 @@ func TestDemoPrintsTextSummary(t *testing.T) {
 func TestDemoInterruptedReportsSoFar(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	// Partition mode with a slow handler cannot finish before the first
-	// progress line, a second in; Ctrl-C comes then.
+	// Partition mode with a slow handler takes over ten seconds for these
+	// records; Ctrl-C comes at the first progress line (one a second) that
+	// reports handled records. On a slow machine the first lines can come
+	// while producing, before any record was handled.
 	runCtx, interrupt := context.WithCancel(ctx)
 	defer interrupt()
-	stderr := newLineWriter()
+	stderr := &handlingWriter{handling: make(chan struct{})}
 	go func() {
 		select {
-		case <-stderr.first:
+		case <-stderr.handling:
 			interrupt()
 		case <-ctx.Done():
 		}
@@ -173,6 +177,39 @@ func TestDemoInterruptedReportsSoFar(t *testing.T) {
 	if !strings.Contains(stderr.String(), "stopping:") {
 		t.Errorf("stderr does not say it is stopping:\n%s", stderr)
 	}
+}
+
+// handlingWriter collects the demo's stderr and closes handling once a
+// progress line reports a handled record.
+type handlingWriter struct {
+	mu       sync.Mutex
+	buf      bytes.Buffer
+	scanned  int // bytes of buf already looked at, up to a line's end
+	handling chan struct{}
+	closed   bool
+}
+
+var handledSome = regexp.MustCompile(`handled [1-9][0-9]*/`)
+
+func (w *handlingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	rest := w.buf.Bytes()[w.scanned:]
+	if end := bytes.LastIndexByte(rest, '\n'); end >= 0 {
+		if !w.closed && handledSome.Match(rest[:end]) {
+			w.closed = true
+			close(w.handling)
+		}
+		w.scanned += end + 1
+	}
+	return len(p), nil
+}
+
+func (w *handlingWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
 
 func TestDemoRejectsBadFlags(t *testing.T) {
