@@ -154,9 +154,6 @@ func TestForeignCommitMetadataRedelivers(t *testing.T) {
 	}
 }
 
-// TestSlowRecordDoesNotHoldBackOthers blocks one record's handler while
-// fast handlers run: the worker that runs it holds no other record, so
-// while it blocks every other record is finished and committed.
 // TestBlockedAfterCheapRecordsHoldBackNoOthers: after thousands of cheap
 // records, the workers' estimates say records are fast; when records then
 // block, in a row or one after another between cheap ones, the ready
@@ -201,6 +198,9 @@ func TestBlockedAfterCheapRecordsHoldBackNoOthers(t *testing.T) {
 	}
 }
 
+// TestSlowRecordDoesNotHoldBackOthers blocks one record's handler while
+// fast handlers run: the worker that runs it holds no other record, so
+// while it blocks every other record is finished and committed.
 func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 	for _, o := range []Order{ByKey, Unordered} {
 		t.Run(o.String(), func(t *testing.T) {
