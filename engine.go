@@ -45,7 +45,11 @@ type engine struct {
 	cond    sync.Cond // workers wait here for ready records or stop
 	ready   sched.Queue[item]
 	parts   map[tp]*partState
-	idle    int   // workers waiting on cond
+	// idle counts the workers waiting on cond that no wake-up is on its
+	// way to; waking is set from a Signal until the signalled worker runs
+	// (see wake).
+	idle    int
+	waking  bool
 	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
 	pending int   // admitted records not finished, over live partitions
 	timers  map[*task]*time.Timer
@@ -248,6 +252,7 @@ func (e *engine) run(ctx context.Context) error {
 		tm.Stop()
 		delete(e.timers, t)
 	}
+	e.idle, e.waking = 0, false
 	e.cond.Broadcast()
 	e.mu.Unlock()
 	if !drained {

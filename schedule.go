@@ -25,11 +25,18 @@ func (e *engine) schedule(t *task) {
 // wake makes sure an idle worker runs when n records became ready. Called
 // with mu held.
 //
-// It wakes one: a woken worker that leaves ready records behind wakes the
-// next (see take). Waking n at once would make n goroutines fight for mu
-// on two cores; the chain ramps up just as fast when handlers are slow.
+// It wakes one, and only when no other wake-up is still on its way: a
+// woken worker that leaves ready records behind wakes the next once it
+// runs (see take). So at most one worker is runnable without having run,
+// and the ramp goes as fast as woken workers get a CPU. Without that
+// rule every finish and take signalled another sleeper before the last
+// one ran: in kpar bench noop some 25 workers sat runnable on two cores,
+// and the client's fetch goroutine waited 1.2 ms on average for a CPU
+// behind them, 34 µs in the raw loop.
 func (e *engine) wake(n int) {
-	if n > 0 && e.idle > 0 {
+	if n > 0 && e.idle > 0 && !e.waking {
+		e.idle--
+		e.waking = true
 		e.cond.Signal()
 	}
 }

@@ -32,7 +32,7 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		for (e.ready.Len() == 0 || e.limited()) && !e.stop {
 			e.idle++
 			e.cond.Wait()
-			e.idle--
+			e.waking = false // wake took this worker off idle
 		}
 		if e.stop {
 			e.mu.Unlock()
