@@ -41,10 +41,10 @@ type engine struct {
 	// mu guards the fields below up to commitMu, and the partStates in
 	// parts. It is held for bookkeeping only: no client call, handler or
 	// hook runs under it. Order: commitMu, then mu.
-	mu      sync.Mutex
-	cond    sync.Cond // workers wait here for ready records or stop
-	ready   sched.Queue[item]
-	parts   map[tp]*partState
+	mu    sync.Mutex
+	cond  sync.Cond // workers wait here for ready records or stop
+	ready sched.Queue[item]
+	parts map[tp]*partState
 	// idle counts the workers waiting on cond that no wake-up is on its
 	// way to; waking is set from a Signal until the signalled worker runs
 	// (see wake).
@@ -53,7 +53,9 @@ type engine struct {
 	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
 	pending int   // admitted records not finished, over live partitions
 	timers  map[*task]*time.Timer
-	stop    bool // workers exit; timers do not fire
+	// taskPool is the free task chunks of the windows' taskStores.
+	taskPool taskPool
+	stop     bool // workers exit; timers do not fire
 	// running holds the record each worker runs now, for stuck reports
 	// (fast records share one attempt context, so a worker's attempt slot
 	// does not say which record runs). A worker sets its own in the lock

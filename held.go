@@ -1,54 +1,64 @@
 package kpar
 
+import "github.com/twmb/franz-go/pkg/kgo"
+
 // heldQueue holds, in offset order, the fetched records of a partition that
-// did not fit in its window (see partState.held). It keeps the slabs that
-// prepare built, not a pointer per record: holding a fetch's records costs
-// one append, not one per record, and they enter the window from the same
-// memory, in order.
+// did not fit in its window (see partState.held). It keeps the record
+// slices of the fetches and what prepare computed for them, not a task per
+// record: holding a fetch's records costs one append, and a held record
+// gets its task (taskStore) only when it enters the window.
 type heldQueue struct {
-	slabs [][]task // slabs[0][0] is the next record to enter
-	n     int
+	segs []heldSeg // segs[0].recs[0] is the next record to enter
+	n    int
+}
+
+// heldSeg is part of one fetch of the partition: its records and their
+// prepared bookkeeping, index for index.
+type heldSeg struct {
+	recs []*kgo.Record
+	meta []recMeta
 }
 
 // Len returns the number of held records.
 func (q *heldQueue) Len() int { return q.n }
 
-// push holds tasks, whose offsets follow those already held.
-func (q *heldQueue) push(tasks []task) {
-	if len(tasks) == 0 {
+// push holds recs, whose offsets follow those already held, with their
+// meta (same length).
+func (q *heldQueue) push(recs []*kgo.Record, meta []recMeta) {
+	if len(recs) == 0 {
 		return
 	}
-	q.slabs = append(q.slabs, tasks)
-	q.n += len(tasks)
+	q.segs = append(q.segs, heldSeg{recs, meta})
+	q.n += len(recs)
 }
 
 // lastOffset returns the offset of the last held record; q must not be
 // empty.
 func (q *heldQueue) lastOffset() int64 {
-	s := q.slabs[len(q.slabs)-1]
-	return s[len(s)-1].Value.offset
+	s := q.segs[len(q.segs)-1]
+	return s.meta[len(s.meta)-1].offset
 }
 
 // take removes the first n held records (n at most Len), calling fn on each
 // in order.
-func (q *heldQueue) take(n int, fn func(*task)) {
+func (q *heldQueue) take(n int, fn func(*kgo.Record, *recMeta)) {
 	q.n -= n
 	for n > 0 {
-		s := q.slabs[0]
-		k := min(n, len(s))
-		for i := range s[:k] {
-			fn(&s[i])
+		s := q.segs[0]
+		k := min(n, len(s.recs))
+		for i := range s.recs[:k] {
+			fn(s.recs[i], &s.meta[i])
 		}
 		n -= k
-		if k < len(s) {
-			q.slabs[0] = s[k:]
+		if k < len(s.recs) {
+			q.segs[0] = heldSeg{s.recs[k:], s.meta[k:]}
 			continue
 		}
-		q.slabs[0] = nil
-		q.slabs = q.slabs[1:]
+		q.segs[0] = heldSeg{}
+		q.segs = q.segs[1:]
 	}
 	if q.n == 0 {
-		q.slabs = nil
+		q.segs = nil
 	}
 }
 

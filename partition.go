@@ -125,9 +125,12 @@ type partState struct {
 	// held are fetched records that did not fit in the window, in offset
 	// order, waiting for room. Once heldCap records are held the partition
 	// is paused until half of that drained, so held records never exceed
-	// heldCap plus one fetch of the partition. Their tasks are prepared
-	// (see prepare) and enter the window as room frees.
+	// heldCap plus one fetch of the partition. Their bookkeeping is
+	// prepared (see prepare); they get their tasks as they enter the
+	// window, when room frees.
 	held heldQueue
+	// tasks holds the tasks of the records in win (taskstore.go).
+	tasks taskStore
 	// fetched is the number of records the partition's latest fetch
 	// brought, the unit of heldCap.
 	fetched   int

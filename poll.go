@@ -93,7 +93,7 @@ func (e *engine) admit(fs kgo.Fetches) {
 		if len(p.Records) == 0 {
 			return
 		}
-		tasks := e.prepare(p.Records)
+		recs, meta := p.Records, e.prepare(p.Records)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		ps := e.parts[tp{p.Topic, p.Partition}]
@@ -107,10 +107,10 @@ func (e *engine) admit(fs kgo.Fetches) {
 		if ps.held.Len() > 0 {
 			last = ps.held.lastOffset()
 		}
-		for len(tasks) > 0 && tasks[0].Value.offset <= last {
-			tasks = tasks[1:]
+		for len(meta) > 0 && meta[0].offset <= last {
+			recs, meta = recs[1:], meta[1:]
 		}
-		if len(tasks) == 0 {
+		if len(meta) == 0 {
 			return
 		}
 		if ps.committed < 0 {
@@ -120,7 +120,7 @@ func (e *engine) admit(fs kgo.Fetches) {
 			e.askCommit()
 		}
 		if ps.resumeAt >= 0 {
-			if first := tasks[0].Value.offset; first < ps.resumeAt {
+			if first := meta[0].offset; first < ps.resumeAt {
 				// The committed offset was out of range (beyond the log
 				// after a topic was recreated, or below its start after
 				// retention) and the client reset to ConsumeResetOffset.
@@ -129,21 +129,21 @@ func (e *engine) admit(fs kgo.Fetches) {
 			}
 			ps.resumeAt = -1
 		}
-		for i := range tasks {
-			size := tasks[i].Value.size
+		for i := range meta {
+			size := meta[i].size
 			ps.bytes += size
 			e.bytes += size
 			e.pending++
 		}
 		readyBefore := e.ready.Len()
 		if ps.held.Len() == 0 {
-			room := min(len(tasks), e.cfg.windowRecords-ps.win.Len())
-			for i := range tasks[:room] {
-				e.enter(ps, &tasks[i])
+			room := min(len(meta), e.cfg.windowRecords-ps.win.Len())
+			for i := range meta[:room] {
+				e.enter(ps, recs[i], &meta[i])
 			}
-			tasks = tasks[room:]
+			recs, meta = recs[room:], meta[room:]
 		}
-		ps.held.push(tasks)
+		ps.held.push(recs, meta)
 		ps.fetched = len(p.Records)
 		// Keep records fetched ahead, so a draining window refills without
 		// waiting for a fetch; pause beyond heldCap.
@@ -155,39 +155,47 @@ func (e *engine) admit(fs kgo.Fetches) {
 	})
 }
 
-// prepare builds the tasks of one partition's polled records before the
-// lock is taken: one allocation for all of them, their sizes and, in key
-// mode, their keys' hashes computed here, so that entering the window (at
-// once or later, from held) is bookkeeping only.
-func (e *engine) prepare(recs []*kgo.Record) []task {
-	tasks := make([]task, len(recs))
+// recMeta is what prepare computes for a polled record, outside the lock.
+// It holds no pointer, so held records cost the GC no scanning.
+type recMeta struct {
+	offset int64 // the record's offset: entering the window must not touch a cold record
+	size   int64 // recordSize
+	lane   uint64
+}
+
+// prepare computes, before the lock is taken, the offsets, sizes and, in
+// key mode, the keys' hashes of one partition's polled records, so that
+// entering the window (at once or later, from held) is bookkeeping only.
+func (e *engine) prepare(recs []*kgo.Record) []recMeta {
+	meta := make([]recMeta, len(recs))
 	// Keys are hashed for the lanes of ByKey and for KeyRateLimit.
 	keyed := e.cfg.ordering == ByKey || (e.rate != nil && e.rate.keys != nil)
 	for i, r := range recs {
-		it := &tasks[i].Value
-		it.rec, it.offset, it.size = r, r.Offset, recordSize(r)
+		m := &meta[i]
+		m.offset, m.size = r.Offset, recordSize(r)
 		if keyed && r.Key != nil {
-			it.lane = max(maphash.Bytes(e.seed, r.Key), 1)
+			m.lane = max(maphash.Bytes(e.seed, r.Key), 1)
 		}
 	}
-	return tasks
+	return meta
 }
 
-// enter appends a prepared task to ps's window and schedules it. Called
-// with mu held.
-func (e *engine) enter(ps *partState, t *task) {
-	offset := t.Value.offset
-	if ps.skip != nil && ps.finishedBefore(offset) {
+// enter appends a prepared record to ps's window, gives it its task and
+// schedules it. Called with mu held.
+func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
+	if ps.skip != nil && ps.finishedBefore(m.offset) {
 		// Finished before the last commit (its metadata said so): take
 		// its place in the window, done, without running it.
-		ps.win.Done(ps.win.Push(offset))
+		ps.win.Done(ps.win.Push(m.offset))
 		ps.progress++
 		ps.skipped++
-		e.release(ps, t)
+		e.releaseBytes(ps, m.size)
+		ps.tasks.retire(ps.win, &e.taskPool)
 		return
 	}
-	t.Value.part = ps
-	t.Value.seq = ps.win.Push(offset)
+	seq := ps.win.Push(m.offset)
+	t := ps.tasks.at(seq, &e.taskPool)
+	*t = task{Value: item{rec: rec, part: ps, seq: seq, offset: m.offset, size: m.size, lane: m.lane}}
 	if ps.level > 0 {
 		if err := decodeRetry(&t.Value, ps.level); err != nil {
 			r := t.Value.rec

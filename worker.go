@@ -400,11 +400,13 @@ func (e *engine) complete(t *task) (next *task) {
 	e.askCommit()
 	next = ps.lanes.Release(t)
 	e.release(ps, t)
+	// t is not used past this point: its chunk may be reused.
+	ps.tasks.retire(ps.win, &e.taskPool)
 	if held := ps.held.Len(); held > 0 {
-		// Refill in chunks of a quarter window so slabs stay large.
+		// Refill a quarter window at a time: one wake-up, one pass.
 		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= held {
 			readyBefore := e.ready.Len()
-			ps.held.take(min(room, held), func(t *task) { e.enter(ps, t) })
+			ps.held.take(min(room, held), func(r *kgo.Record, m *recMeta) { e.enter(ps, r, m) })
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}
@@ -417,10 +419,16 @@ func (e *engine) complete(t *task) (next *task) {
 
 // release returns a finished record's budget. Called with mu held.
 func (e *engine) release(ps *partState, t *task) {
-	ps.bytes -= t.Value.size
-	e.bytes -= t.Value.size
+	t.Value.rec = nil // the task's chunk outlives the record; let the record go
+	e.releaseBytes(ps, t.Value.size)
+}
+
+// releaseBytes returns the budget of a finished record of size bytes.
+// Called with mu held.
+func (e *engine) releaseBytes(ps *partState, size int64) {
+	ps.bytes -= size
+	e.bytes -= size
 	e.pending--
-	t.Value.rec = nil // the slab may outlive the record; let the record go
 	if ps.overBudget && ps.bytes-ps.waiting <= e.budgetShare()/2 {
 		ps.overBudget = false
 		e.syncPause(ps)

@@ -126,6 +126,11 @@ func (w *Window) Start() (offset int64, ok bool) {
 // through the last pushed one. It is 0 when every entry is finished.
 func (w *Window) Len() int { return int(w.tail - w.head) }
 
+// Head returns the seq of the lowest unfinished entry, or the next seq
+// Push assigns when every entry is finished: every seq below it is
+// finished and no longer held.
+func (w *Window) Head() Seq { return w.head }
+
 // Pending returns the number of unfinished entries.
 func (w *Window) Pending() int { return w.pending }
 

@@ -1,0 +1,90 @@
+package kpar
+
+import "github.com/kpar/kpar/internal/window"
+
+// chunkTasks is how many tasks of consecutive window seqs share one chunk:
+// 6 KiB, so that a partition with a few records in its window holds little.
+const chunkTasks = 64
+
+type taskChunk [chunkTasks]task
+
+// taskStore holds the tasks of one partition's window, in chunks of
+// consecutive seqs that go back to the engine's taskPool once the window
+// start has passed them. A record thus costs no allocation of its own once
+// the engine runs, and the GC scans a window's worth of tasks instead of
+// every fetch it buffered: in kpar bench noop the fetch-sized task slabs
+// this replaces were a seventh of the process's allocations, and the GC
+// cycles they caused slowed the broker and the client's decoding, which
+// share the CPU.
+//
+// A task is reused only after its record finished and the window start
+// moved past it. Nothing points at it then: its lane released it, and no
+// queue, timer, worker or exile batch holds a finished record (a shared
+// attempt context may still name it, for reports only, which check the
+// record they find). The chunks of a dropped partition are never recycled:
+// its records may still sit in the ready queue or run.
+//
+// Guarded by engine.mu, like the partState that holds it.
+type taskStore struct {
+	chunks []*taskChunk // chunks[i] holds the seqs from base+i*chunkTasks
+	base   window.Seq
+}
+
+// at returns the task of seq, a seq just pushed to the window: above every
+// seq the store holds.
+func (s *taskStore) at(seq window.Seq, pool *taskPool) *task {
+	if len(s.chunks) == 0 {
+		s.base = seq &^ (chunkTasks - 1)
+	} else if seq < s.base {
+		panic("kpar: task store asked for a retired seq")
+	}
+	i := int((seq - s.base) / chunkTasks)
+	for i >= len(s.chunks) {
+		s.chunks = append(s.chunks, pool.get())
+	}
+	return &s.chunks[i][seq%chunkTasks]
+}
+
+// retire returns to pool the chunks of the seqs below head, the window's
+// first unfinished seq; every chunk when the window is empty. Callers
+// retire only after their last use of the finished task.
+func (s *taskStore) retire(win *window.Window, pool *taskPool) {
+	n := len(s.chunks)
+	if win.Len() > 0 {
+		n = min(n, int((win.Head()-s.base)/chunkTasks))
+	}
+	if n == 0 {
+		return
+	}
+	for i := range n {
+		pool.put(s.chunks[i])
+	}
+	s.base += window.Seq(n * chunkTasks)
+	rest := copy(s.chunks, s.chunks[n:])
+	clear(s.chunks[rest:])
+	s.chunks = s.chunks[:rest]
+}
+
+// taskPoolMax bounds the free chunks the engine keeps: enough for the
+// windows' turnover between two refills, not for every window at once.
+const taskPoolMax = 64
+
+// taskPool is the engine's free task chunks. Guarded by engine.mu.
+type taskPool struct{ free []*taskChunk }
+
+func (p *taskPool) get() *taskChunk {
+	n := len(p.free)
+	if n == 0 {
+		return new(taskChunk)
+	}
+	c := p.free[n-1]
+	p.free[n-1] = nil
+	p.free = p.free[:n-1]
+	return c
+}
+
+func (p *taskPool) put(c *taskChunk) {
+	if len(p.free) < taskPoolMax {
+		p.free = append(p.free, c)
+	}
+}
