@@ -58,7 +58,11 @@ func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
 	if over || e.brk.Watching() {
 		now = time.Now()
 	}
-	if e.brk.Done(now, epoch.Add(t.Value.started), over) {
+	var started time.Time // Done reads it only for an overload signal
+	if over {
+		started = epoch.Add(t.Value.started)
+	}
+	if e.brk.Done(now, started, over) {
 		e.over.probing.Store(e.brk.Open())
 		e.wake(1) // closed again, or a new pause: a worker re-reads the gate
 	}

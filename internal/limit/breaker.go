@@ -56,9 +56,10 @@ func (b *Breaker) Allow(now time.Time, inflight int) (ok bool, wait time.Duratio
 	return inflight == 0, 0
 }
 
-// Done records the outcome of an attempt that started at started;
-// overloaded says the downstream pushed back (an explicit overload answer
-// or a timeout). It reports whether the breaker changed state.
+// Done records the outcome of an attempt that started at started (read
+// only when overloaded); overloaded says the downstream pushed back (an
+// explicit overload answer or a timeout). It reports whether the breaker
+// changed state.
 func (b *Breaker) Done(now, started time.Time, overloaded bool) (changed bool) {
 	if !overloaded {
 		b.lastSuccess, b.signalled = now, false
