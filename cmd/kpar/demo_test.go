@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -153,12 +152,10 @@ func TestDemoInterruptedReportsSoFar(t *testing.T) {
 	// while producing, before any record was handled.
 	runCtx, interrupt := context.WithCancel(ctx)
 	defer interrupt()
-	stderr := &handlingWriter{handling: make(chan struct{})}
+	stderr := newWatchWriter()
 	go func() {
-		select {
-		case <-stderr.handling:
+		if stderr.await(ctx, nil, func() bool { return handledSome.Match(stderr.buf.Bytes()) }) {
 			interrupt()
-		case <-ctx.Done():
 		}
 	}()
 	var stdout bytes.Buffer
@@ -179,38 +176,8 @@ func TestDemoInterruptedReportsSoFar(t *testing.T) {
 	}
 }
 
-// handlingWriter collects the demo's stderr and closes handling once a
-// progress line reports a handled record.
-type handlingWriter struct {
-	mu       sync.Mutex
-	buf      bytes.Buffer
-	scanned  int // bytes of buf already looked at, up to a line's end
-	handling chan struct{}
-	closed   bool
-}
-
+// handledSome matches a progress line that reports handled records.
 var handledSome = regexp.MustCompile(`handled [1-9][0-9]*/`)
-
-func (w *handlingWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	rest := w.buf.Bytes()[w.scanned:]
-	if end := bytes.LastIndexByte(rest, '\n'); end >= 0 {
-		if !w.closed && handledSome.Match(rest[:end]) {
-			w.closed = true
-			close(w.handling)
-		}
-		w.scanned += end + 1
-	}
-	return len(p), nil
-}
-
-func (w *handlingWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
 
 func TestDemoRejectsBadFlags(t *testing.T) {
 	for _, tc := range []struct {
