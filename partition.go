@@ -10,17 +10,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// item is a scheduled record with its bookkeeping.
 // epoch is the origin of the dispatch times in item: one for the process,
 // so that every engine (the consumer's, backfill's, share's) has it.
 var epoch = time.Now()
 
+// item is a scheduled record with its bookkeeping.
 type item struct {
-	rec    *kgo.Record
-	part   *partState
-	seq    window.Seq
-	offset int64 // rec.Offset, copied by prepare: entering the window must not touch a cold record
-	size   int64
+	rec  *kgo.Record
+	part *partState
+	seq  window.Seq
+	size int64
 	// lane is the hash of the key (never 0) in key mode, or with a
 	// KeyRateLimit; 0 for a record without a key. Computed by prepare,
 	// outside the lock.

@@ -3,7 +3,7 @@ package kpar
 import "github.com/kpar/kpar/internal/window"
 
 // chunkTasks is how many tasks of consecutive window seqs share one chunk:
-// 6 KiB, so that a partition with a few records in its window holds little.
+// 5.5 KiB, so that a partition with a few records in its window holds little.
 const chunkTasks = 64
 
 type taskChunk [chunkTasks]task

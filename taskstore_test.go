@@ -28,7 +28,7 @@ func TestTaskStoreNeverReusesAnUnfinishedTask(t *testing.T) {
 		for win.Len() < windowRecords && rng.IntN(3) > 0 {
 			seq := win.Push(offset)
 			tk := store.at(seq, &pool)
-			*tk = task{Value: item{seq: seq, offset: offset}}
+			*tk = task{Value: item{seq: seq}}
 			inWindow[seq] = tk
 			offset++
 		}
