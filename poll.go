@@ -195,7 +195,7 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 	}
 	seq := ps.win.Push(m.offset)
 	t := ps.tasks.at(seq, &e.taskPool)
-	*t = task{Value: item{rec: rec, part: ps, seq: seq, size: m.size, lane: m.lane}}
+	initTask(t, ps, rec, seq, m.size, m.lane)
 	if ps.level > 0 {
 		if err := decodeRetry(&t.Value, ps.level); err != nil {
 			r := t.Value.rec
