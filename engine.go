@@ -48,8 +48,10 @@ type engine struct {
 	// idle counts the workers waiting on cond that no wake-up is on its
 	// way to; waking is set from a Signal until the signalled worker runs
 	// (see wake).
-	idle    int
-	waking  bool
+	idle   int
+	waking bool
+	// awake caps the awake workers while the handler is cheap (awake.go).
+	awake   awakeState
 	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
 	pending int   // admitted records not finished, over live partitions
 	timers  map[*task]*time.Timer
@@ -117,6 +119,7 @@ func newEngine(c *Consumer) *engine {
 		space:   make(chan struct{}, 1),
 		slots:   make(attemptSlots, c.cfg.concurrency),
 		running: make([]*task, c.cfg.concurrency),
+		awake:   newAwakeState(c.cfg.concurrency),
 
 		exileWake:  make(chan struct{}, 1),
 		commitWake: make(chan struct{}, 1),
@@ -246,6 +249,7 @@ func (e *engine) run(ctx context.Context) error {
 	drained := e.drain(time.Until(deadline.Add(-reserve)))
 	e.mu.Lock()
 	e.stop = true
+	e.stopGuard()
 	if e.limitWake != nil {
 		e.limitWake.Stop()
 		e.limitWake = nil

@@ -188,7 +188,10 @@ func Topics(topics ...string) GroupOpt {
 func TopicRegex() GroupOpt { return groupOpt(func(c *cfg) { c.regex = true }) }
 
 // Concurrency sets how many records (or batches) are handled at once,
-// overriding the default 64. It is the size of the worker pool.
+// overriding the default 64. It is the size of the worker pool. While the
+// handler takes under 20µs a record, no more workers than GOMAXPROCS are
+// kept awake, besides any stuck for a millisecond in a handler: more could
+// not run at once and would only queue at the engine's lock.
 func Concurrency(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.concurrency = n }) }
 
 // Ordering sets which records may be handled at the same time, overriding

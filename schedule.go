@@ -31,9 +31,14 @@ func (e *engine) schedule(t *task) {
 // and the ramp goes as fast as woken workers get a CPU. Without that
 // rule every finish and take signalled another sleeper before the last
 // one ran: an execution trace of kpar bench noop found some 25 workers
-// runnable on average, on two cores.
+// runnable on average, on two cores. While the handler is cheap it wakes
+// none beyond GOMAXPROCS awake workers (awake.go).
 func (e *engine) wake(n int) {
 	if n > 0 && e.idle > 0 && !e.waking {
+		if e.awakeFull() {
+			e.capped()
+			return
+		}
 		e.idle--
 		e.waking = true
 		e.cond.Signal()

@@ -29,7 +29,10 @@ func (e *engine) worker(ctx context.Context, slot int) {
 	)
 	e.mu.Lock()
 	for {
-		for (e.ready.Len() == 0 || e.limited()) && !e.stop {
+		for (e.ready.Len() == 0 || e.limited() || e.awakeOver()) && !e.stop {
+			if e.ready.Len() > 0 && e.awakeOver() {
+				e.capped() // asleep with records ready: the guard watches the rest
+			}
 			e.idle++
 			e.cond.Wait()
 			e.waking = false // wake took this worker off idle
@@ -54,6 +57,7 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		} else {
 			perRecord = e.runEach(ctx, slot, batch[0], perRecord)
 			batch[0] = nil
+			e.measured(perRecord)
 		}
 	}
 }
@@ -269,6 +273,7 @@ func isLaned(o Order, t *task) bool {
 func (e *engine) runs(slot int, t *task) {
 	t.Value.attempts++
 	e.running[slot] = t
+	e.awake.taken[slot] = e.awake.tick
 }
 
 // dispatched counts an attempt of t starting now and stamps it (see stamp).

@@ -1,0 +1,99 @@
+package kpar
+
+import (
+	"runtime"
+	"time"
+)
+
+// While the handler is cheap (under fastHandler per record), at most
+// GOMAXPROCS workers are awake: more cannot run at once, and every extra
+// one only queues at the engine's lock. In kpar bench noop all 64 default
+// workers stayed awake, since each that takes a record while others are
+// ready wakes the next (see wake), and in key mode goroutines spent
+// 40-340 ms blocked on the lock in a run of about 350 ms; with the cap,
+// 1-50 ms, and the process's CPU per record fell by 25-40 ns
+// (BENCHMARKS.md, eighth pass).
+//
+// A worker in a handler still counts as awake, so a cheap handler that
+// blocks now and then (a slow call, a lock) must not leave records waiting
+// while the awake workers are all stuck in it. The stuck guard sees to
+// that: while the cap holds back a wake-up it ticks every awakeTick, and
+// each tick counts the workers that have been running one record since
+// the tick before last, a millisecond or more. The cap does not count
+// those, so a record waits behind stuck handlers two ticks at most before
+// an idle worker takes it. And a worker whose records turn slow ends the
+// cap for every worker until one measures them cheap again.
+
+// awakeTick is the stuck guard's period.
+const awakeTick = time.Millisecond
+
+// awakeState is the cap's bookkeeping, in engine, guarded by engine.mu.
+type awakeState struct {
+	cheap bool // the last worker to measure the handler found it under fastHandler
+	limit int  // GOMAXPROCS, when cheap
+	stuck int  // workers running one record for over a tick, at the last tick
+	held  int  // wake-ups the cap held back, for tests
+	tick  uint32
+	taken []uint32 // taken[slot]: the tick at which worker slot took its record
+	guard *time.Timer
+}
+
+func newAwakeState(workers int) awakeState {
+	return awakeState{limit: runtime.GOMAXPROCS(0), taken: make([]uint32, workers)}
+}
+
+// awakeFull reports whether the cap allows no more awake workers. Called
+// with mu held.
+func (e *engine) awakeFull() bool {
+	a := &e.awake
+	return a.cheap && e.cfg.concurrency-e.idle >= a.limit+a.stuck
+}
+
+// awakeOver reports whether this awake worker is one too many and goes to
+// sleep. Called with mu held.
+func (e *engine) awakeOver() bool {
+	a := &e.awake
+	return a.cheap && e.cfg.concurrency-e.idle > a.limit+a.stuck
+}
+
+// capped notes a wake-up the cap held back, arming the stuck guard.
+// Called with mu held.
+func (e *engine) capped() {
+	e.awake.held++
+	if e.awake.guard == nil && !e.stop {
+		e.awake.guard = time.AfterFunc(awakeTick, e.guardTick)
+	}
+}
+
+// guardTick counts the stuck workers and wakes one if records wait and
+// the cap, not counting them, allows it. wake re-arms the guard while the
+// cap still holds one back.
+func (e *engine) guardTick() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a := &e.awake
+	a.guard = nil
+	if e.stop {
+		return
+	}
+	a.tick++
+	a.stuck = 0
+	for slot, t := range e.running {
+		if t != nil && a.tick-a.taken[slot] >= 2 {
+			a.stuck++
+		}
+	}
+	e.wake(e.ready.Len())
+}
+
+// measured records a worker's estimate of the handler's time per record.
+// Called with mu held.
+func (e *engine) measured(perRecord time.Duration) { e.awake.cheap = perRecord < fastHandler }
+
+// stopGuard stops the stuck guard at shutdown. Called with mu held.
+func (e *engine) stopGuard() {
+	if e.awake.guard != nil {
+		e.awake.guard.Stop()
+		e.awake.guard = nil
+	}
+}
