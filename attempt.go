@@ -241,11 +241,11 @@ func (e *engine) attemptsOf(p tp, offset int64) int {
 	match := func(t *task) bool {
 		return t != nil && t.Value.part.tp == p && t.Value.rec != nil && t.Value.rec.Offset == offset
 	}
-	for _, t := range e.running {
+	for _, r := range e.running {
 		// Fast records share one attempt context; running knows which
 		// record runs now, and its attempts were counted under mu.
-		if match(t) {
-			return t.Value.attempts
+		if match(r.t) {
+			return r.t.Value.attempts
 		}
 	}
 	for i := range e.slots {

@@ -1,6 +1,7 @@
 package kpar
 
 import (
+	"math"
 	"runtime"
 	"time"
 )
@@ -32,32 +33,33 @@ type awakeState struct {
 	cheap bool // the last worker to measure the handler found it under fastHandler
 	limit int  // GOMAXPROCS, when cheap
 	stuck int  // workers running one record for over a tick, at the last tick
-	held  int  // wake-ups the cap held back, for tests
+	held  int  // wake-ups the cap held back and workers it put to sleep, for tests
 	tick  uint32
-	taken []uint32 // taken[slot]: the tick at which worker slot took its record
 	guard *time.Timer
 }
 
-func newAwakeState(workers int) awakeState {
-	return awakeState{limit: runtime.GOMAXPROCS(0), taken: make([]uint32, workers)}
+func newAwakeState() awakeState { return awakeState{limit: runtime.GOMAXPROCS(0)} }
+
+// slotRecord is what a worker slot runs now: the record, for stuck
+// reports, and the guard's tick when it took it. Zero between records.
+type slotRecord struct {
+	t    *task
+	tick uint32
 }
 
-// awakeFull reports whether the cap allows no more awake workers. Called
-// with mu held.
-func (e *engine) awakeFull() bool {
+// awakeExcess is how many awake workers are beyond the cap: 0 when it
+// allows no more, below 0 when it has room (always, while the handler is
+// not cheap). Called with mu held.
+func (e *engine) awakeExcess() int {
 	a := &e.awake
-	return a.cheap && e.cfg.concurrency-e.idle >= a.limit+a.stuck
+	if !a.cheap {
+		return math.MinInt
+	}
+	return e.cfg.concurrency - e.idle - (a.limit + a.stuck)
 }
 
-// awakeOver reports whether this awake worker is one too many and goes to
-// sleep. Called with mu held.
-func (e *engine) awakeOver() bool {
-	a := &e.awake
-	return a.cheap && e.cfg.concurrency-e.idle > a.limit+a.stuck
-}
-
-// capped notes a wake-up the cap held back, arming the stuck guard.
-// Called with mu held.
+// capped notes a wake-up the cap held back, or a worker it put to sleep
+// with records ready, arming the stuck guard. Called with mu held.
 func (e *engine) capped() {
 	e.awake.held++
 	if e.awake.guard == nil && !e.stop {
@@ -78,8 +80,8 @@ func (e *engine) guardTick() {
 	}
 	a.tick++
 	a.stuck = 0
-	for slot, t := range e.running {
-		if t != nil && a.tick-a.taken[slot] >= 2 {
+	for _, r := range e.running {
+		if r.t != nil && a.tick-r.tick >= 2 {
 			a.stuck++
 		}
 	}

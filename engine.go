@@ -60,9 +60,10 @@ type engine struct {
 	stop     bool // workers exit; timers do not fire
 	// running holds the record each worker runs now, for stuck reports
 	// (fast records share one attempt context, so a worker's attempt slot
-	// does not say which record runs). A worker sets its own in the lock
-	// round trip that takes the record: no atomic per record.
-	running []*task
+	// does not say which record runs), and the stuck guard's tick when it
+	// took it (awake.go). A worker sets its own in the lock round trip
+	// that takes the record: no atomic per record.
+	running []slotRecord
 	// pollWait is set while the poller waits for buffered bytes to drop
 	// below MaxBufferedBytes; space wakes it.
 	pollWait bool
@@ -118,8 +119,8 @@ func newEngine(c *Consumer) *engine {
 		timers:  make(map[*task]*time.Timer),
 		space:   make(chan struct{}, 1),
 		slots:   make(attemptSlots, c.cfg.concurrency),
-		running: make([]*task, c.cfg.concurrency),
-		awake:   newAwakeState(c.cfg.concurrency),
+		running: make([]slotRecord, c.cfg.concurrency),
+		awake:   newAwakeState(),
 
 		exileWake:  make(chan struct{}, 1),
 		commitWake: make(chan struct{}, 1),

@@ -35,7 +35,7 @@ func (e *engine) schedule(t *task) {
 // none beyond GOMAXPROCS awake workers (awake.go).
 func (e *engine) wake(n int) {
 	if n > 0 && e.idle > 0 && !e.waking {
-		if e.awakeFull() {
+		if e.awakeExcess() >= 0 {
 			e.capped()
 			return
 		}

@@ -29,8 +29,8 @@ func (e *engine) worker(ctx context.Context, slot int) {
 	)
 	e.mu.Lock()
 	for {
-		for (e.ready.Len() == 0 || e.limited() || e.awakeOver()) && !e.stop {
-			if e.ready.Len() > 0 && e.awakeOver() {
+		for (e.ready.Len() == 0 || e.limited() || e.awakeExcess() > 0) && !e.stop {
+			if e.ready.Len() > 0 && e.awakeExcess() > 0 {
 				e.capped() // asleep with records ready: the guard watches the rest
 			}
 			e.idle++
@@ -101,7 +101,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 		}
 		backoff := e.observe(t, err)
 		e.mu.Lock()
-		e.running[slot] = nil
+		e.running[slot] = slotRecord{}
 		next := e.finish(t, err, timedOut, backoff, at)
 		if next != nil {
 			if fast && ran < maxTake && next.Value.part.status == live && e.rate == nil {
@@ -272,8 +272,7 @@ func isLaned(o Order, t *task) bool {
 // so that a stuck report reads both under mu. Called with mu held.
 func (e *engine) runs(slot int, t *task) {
 	t.Value.attempts++
-	e.running[slot] = t
-	e.awake.taken[slot] = e.awake.tick
+	e.running[slot] = slotRecord{t, e.awake.tick}
 }
 
 // dispatched counts an attempt of t starting now and stamps it (see stamp).
