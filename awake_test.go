@@ -1,46 +1,59 @@
 package kpar
 
 import (
-	"context"
-	"runtime"
 	"testing"
+	"testing/synctest"
 	"time"
-
-	invariant "github.com/kpar/kpar/internal/ledger"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// TestCheapHandlerKeepsFewWorkersAwake: with a cheap handler and a backlog
-// the cap holds wake-ups back, so far fewer than Concurrency workers take
-// turns at the lock, and every record is still handled once. (That blocked
-// records hold back none of the others under the cap is
+// TestAwakeCapHoldsWakeUpsAndTheGuardCountsStuckWorkers: while the handler
+// is cheap, no wake-up goes beyond the cap; when the awake workers have
+// each run one record for two ticks, the stuck guard stops counting them
+// and wakes a sleeper for the records that wait. (The same with a real
+// consumer and blocking handlers is
 // TestBlockedAfterCheapRecordsHoldBackNoOthers.)
-func TestCheapHandlerKeepsFewWorkersAwake(t *testing.T) {
-	c := newFakeCluster(t, notPorted, "cheapawake", 4)
-	const n = 40000
-	workers := max(32, 4*runtime.GOMAXPROCS(0))
-	l := invariant.New(invariant.ByKey, n)
-	produce(t, c, "cheapawake", n, n, l.Produced)
-	cons, err := New(HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-		l.Handled(r)
-		return nil
-	}), append(testOpts(c, "cheapawake", "cheapawake"), Ordering(Unordered), Concurrency(workers))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
-	waitFor(t, l.AllHandled(), 30*time.Second, "every record")
-	e := cons.eng
-	e.mu.Lock()
-	held := e.awake.held
-	e.mu.Unlock()
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if rep := l.Report(); rep.Handled != n || rep.Duplicates != 0 {
-		t.Fatalf("%+v, want %d handled once each", rep, n)
-	}
-	if held == 0 {
-		t.Fatal("the cap never held a wake-up back")
-	}
+func TestAwakeCapHoldsWakeUpsAndTheGuardCountsStuckWorkers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const workers = 8
+		e := &engine{cfg: &cfg{concurrency: workers}, running: make([]slotRecord, workers), awake: awakeState{limit: 2}}
+		e.mu.Lock()
+		e.idle = workers - 2 // two awake: the cap
+		e.wake(1)
+		if e.idle != workers-3 {
+			t.Fatalf("before any measurement: idle %d, want a worker woken", e.idle)
+		}
+		e.idle, e.waking = workers-2, false
+
+		e.measured(time.Microsecond) // cheap
+		e.wake(1)
+		if e.idle != workers-2 || e.awake.held != 1 || e.awake.guard == nil {
+			t.Fatalf("cheap: idle %d, held %d, guard armed %v; want no worker woken, one held back, the guard armed",
+				e.idle, e.awake.held, e.awake.guard != nil)
+		}
+		// The two awake workers each run one record, taken at this tick,
+		// and one more record waits.
+		for slot := range 2 {
+			e.running[slot] = slotRecord{&task{}, e.awake.tick}
+		}
+		e.ready.Push(&task{})
+		e.mu.Unlock()
+
+		check := func(wantStuck, wantIdle int) {
+			t.Helper()
+			time.Sleep(awakeTick)
+			synctest.Wait()
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.awake.stuck != wantStuck || e.idle != wantIdle {
+				t.Fatalf("tick %d: %d stuck, idle %d; want %d stuck, idle %d", e.awake.tick, e.awake.stuck, e.idle, wantStuck, wantIdle)
+			}
+		}
+		check(0, workers-2) // one tick: not stuck yet, the guard re-armed
+		check(2, workers-3) // two ticks: both stuck, a sleeper woken
+
+		e.mu.Lock()
+		e.stop = true
+		e.stopGuard()
+		e.mu.Unlock()
+	})
 }
