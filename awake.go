@@ -30,12 +30,13 @@ const awakeTick = time.Millisecond
 
 // awakeState is the cap's bookkeeping, in engine, guarded by engine.mu.
 type awakeState struct {
-	cheap bool // the last worker to measure the handler found it under fastHandler
-	limit int  // GOMAXPROCS, when cheap
-	stuck int  // workers running one record for over a tick, at the last tick
-	held  int  // wake-ups the cap held back and workers it put to sleep, for tests
-	tick  uint32
-	guard *time.Timer
+	cheap    bool // the last worker to measure the handler found it under fastHandler
+	measured bool // a worker measured the handler
+	limit    int  // GOMAXPROCS, when cheap
+	stuck    int  // workers running one record for over a tick, at the last tick
+	held     int  // wake-ups the cap held back and workers it put to sleep, for tests
+	tick     uint32
+	guard    *time.Timer
 }
 
 func newAwakeState() awakeState { return awakeState{limit: runtime.GOMAXPROCS(0)} }
@@ -80,17 +81,42 @@ func (e *engine) guardTick() {
 	}
 	a.tick++
 	a.stuck = 0
+	watch := false // a wide lane's running record has records parked behind it
 	for _, r := range e.running {
-		if r.t != nil && a.tick-r.tick >= 2 {
+		if r.t == nil {
+			continue
+		}
+		ps := r.t.Value.part
+		parked := r.t.Wide() && ps.wide && ps.lanes.WideParked() > 0
+		switch {
+		case a.tick-r.tick >= 2:
 			a.stuck++
+			if parked {
+				e.split(ps, 0) // its partition's other keys must not wait for it
+			}
+		case parked && e.ready.Len() == 0 && e.idle > 0 && e.awakeExcess() < 0:
+			e.split(ps, 0) // an idle worker may share the partition's records
+		case parked:
+			watch = true
 		}
 	}
 	e.wake(e.ready.Len())
+	if watch && a.guard == nil {
+		a.guard = time.AfterFunc(awakeTick, e.guardTick)
+	}
 }
 
-// measured records a worker's estimate of the handler's time per record.
-// Called with mu held.
-func (e *engine) measured(perRecord time.Duration) { e.awake.cheap = perRecord < fastHandler }
+// measured records a worker's estimate of the handler's time per record. A
+// handler measured slow closes every wide lane (widelane.go). Called with
+// mu held.
+func (e *engine) measured(perRecord time.Duration) {
+	a := &e.awake
+	cheap := perRecord < fastHandler
+	if !cheap && (a.cheap || !a.measured) && e.wideOK {
+		e.splitAll()
+	}
+	a.cheap, a.measured = cheap, true
+}
 
 // stopGuard stops the stuck guard at shutdown. Called with mu held.
 func (e *engine) stopGuard() {

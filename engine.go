@@ -82,8 +82,10 @@ type engine struct {
 	// overload breaker (overload.go), nil with the adaptive limit, which
 	// paces an overloaded downstream itself; over summarises overload logs.
 	rate *rates
-	brk  *limit.Breaker
-	over overloadLog
+	// wideOK: key mode may use wide lanes (widelane.go); set by newEngine.
+	wideOK bool
+	brk    *limit.Breaker
+	over   overloadLog
 	// toggles are pause/resume decisions for the fetch controller
 	// (poll.go); toggleWake (capacity 1) wakes it.
 	toggles    []fetchToggle
@@ -137,6 +139,7 @@ func newEngine(c *Consumer) *engine {
 		e.brk = new(limit.Breaker)
 	}
 	e.rate = newRates(&c.cfg)
+	e.wideOK = e.wideLanes()
 	return e
 }
 

@@ -22,6 +22,14 @@ const (
 	// one at a time; records of other keys proceed in parallel. Records
 	// with a nil key carry no ordering and are handled as in Unordered.
 	// This is the default.
+	//
+	// While the handler is cheap (under 20µs a record), a partition's keyed
+	// records run one after another, as in ByPartition: parallelism within
+	// a partition would cost more bookkeeping than it saves, and the
+	// partitions still run in parallel. A record that fails, or runs for a
+	// millisecond with others waiting behind it, or a worker left idle
+	// while the partition has records waiting, turns the partition back to
+	// one record per key at once.
 	ByKey Order = iota
 	// ByPartition handles the records of a partition one at a time, in
 	// offset order: the classic consumer, with partitions in parallel.

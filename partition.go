@@ -141,6 +141,11 @@ type partState struct {
 	// prepared (see prepare); they get their tasks as they enter the
 	// window, when room frees.
 	held heldQueue
+	// wide: keyed records enter the wide lane of lanes (widelane.go);
+	// wideHold counts the records to admit to key lanes before it may
+	// open again.
+	wide     bool
+	wideHold int
 	// tasks holds the tasks of the records in win (taskstore.go).
 	tasks taskStore
 	// fetched is the number of records the partition's latest fetch

@@ -15,7 +15,7 @@ func (e *engine) schedule(t *task) {
 			return
 		}
 	case ByKey:
-		if t.Value.lane != 0 && !ps.lanes.Admit(t, t.Value.lane) {
+		if t.Value.lane != 0 && !e.admitKeyed(ps, t) {
 			return
 		}
 	}

@@ -385,6 +385,11 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 		// Not retried here: the record stays unfinished, so the revoke
 		// commit stops below it and the next owner handles it.
 	default:
+		if t.Wide() {
+			// It retries on its key's lane: the partition's other keys
+			// must not wait for it.
+			e.split(ps, 4*e.cfg.windowRecords)
+		}
 		e.fail(t, err, timedOut, backoff, now)
 	}
 	if ps.running == 0 && ps.idle != nil {

@@ -10,6 +10,11 @@
 // and a lane is a slot of a table, so steady-state scheduling does not
 // allocate.
 //
+// A partition's wide lane orders every task admitted to it, whatever its
+// key, as partition mode's single lane does: the engine's key mode uses it
+// while the handler is cheap, and Split moves its tasks onto their keys'
+// lanes when they must not wait for each other.
+//
 // Nothing here locks or starts goroutines: the caller owns the mutex.
 package sched
 
@@ -21,7 +26,11 @@ type Task[T any] struct {
 	next  *Task[T]
 	lane  uint32 // laneKey of its key
 	laned bool
+	wide  bool // admitted to the wide lane (AdmitWide) and not split off it
 }
+
+// Wide reports whether t holds or waits for its partition's wide lane.
+func (t *Task[T]) Wide() bool { return t.wide }
 
 // Queue is an intrusive FIFO of tasks. The zero value is an empty queue.
 type Queue[T any] struct {
@@ -82,6 +91,11 @@ type Lanes[T any] struct {
 	keys   []uint32   // len is a power of two, at least four times busy: short probe runs
 	parked []Queue[T] // parked[i] waits behind the lane of keys[i]; empty unless keys[i] has parkedBit
 	busy   int
+
+	// The wide lane: its in-flight task (nil when idle) and the tasks
+	// waiting behind it, outside the table.
+	wideHolder *Task[T]
+	wideParked Queue[T]
 }
 
 const parkedBit = 1 << 31
@@ -166,10 +180,61 @@ func (l *Lanes[T]) popParked(i int) *Task[T] {
 	return next
 }
 
+// AdmitWide binds t to the wide lane, behind every task admitted to it
+// before, whatever their keys. It reports true when the lane was idle: t is
+// now its in-flight task and the caller makes it ready. Otherwise t is
+// parked and Release (or Split) hands it over.
+func (l *Lanes[T]) AdmitWide(t *Task[T]) bool {
+	t.wide, t.laned = true, true
+	if l.wideHolder == nil {
+		l.wideHolder = t
+		return true
+	}
+	l.wideParked.Push(t)
+	return false
+}
+
+// WideParked returns the number of tasks waiting behind the wide lane.
+func (l *Lanes[T]) WideParked() int { return l.wideParked.Len() }
+
+// Split closes the wide lane: its in-flight task moves to the lane of its
+// own key, and the tasks parked behind it, in order, are admitted to their
+// keys' lanes as Admit does. ready receives each one that found its lane
+// idle and may run now; the others wait behind a task of their own key.
+// key returns a task's key.
+//
+// Split requires that no key lane be busy while the wide lane is, so that
+// the in-flight task takes its key's lane over at once; the engine opens
+// the wide lane only when no lane is busy (Busy) and admits to key lanes
+// only once it split.
+func (l *Lanes[T]) Split(key func(*Task[T]) uint64, ready func(*Task[T])) {
+	h := l.wideHolder
+	if h == nil {
+		return
+	}
+	l.wideHolder = nil
+	h.wide = false
+	l.Admit(h, key(h))
+	for t := l.wideParked.Pop(); t != nil; t = l.wideParked.Pop() {
+		t.wide = false
+		if l.Admit(t, key(t)) {
+			ready(t)
+		}
+	}
+}
+
 // Release ends t's turn on its lane and returns the lane's next task, which
 // the caller makes ready, or nil when the lane is now idle. Release on a task
 // that was never admitted returns nil.
 func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
+	if t.wide {
+		if l.wideHolder != t {
+			return nil
+		}
+		t.wide = false
+		l.wideHolder = l.wideParked.Pop()
+		return l.wideHolder
+	}
 	if !t.laned || l.busy == 0 {
 		return nil
 	}
@@ -189,9 +254,10 @@ func (l *Lanes[T]) Release(t *Task[T]) *Task[T] {
 // key. The lane's turn passes from t to the returned task: Release(t) then
 // returns nil, and only the returned task's Release hands the lane on, so
 // releasing every task of a batch makes one successor ready, not one per
-// task. It returns nil when nothing is parked.
+// task. It returns nil when nothing is parked, and for a task of the wide
+// lane, which batches do not take from.
 func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
-	if !t.laned || l.busy == 0 {
+	if t.wide || !t.laned || l.busy == 0 {
 		return nil
 	}
 	if i, ok := l.find(t.lane); ok {
@@ -209,7 +275,7 @@ func (l *Lanes[T]) TakeNext(t *Task[T]) *Task[T] {
 // holder's lane, and the turn returns to holder, so the batch is retried
 // after holder and no task of the lane overtakes another.
 func (l *Lanes[T]) GiveBack(holder *Task[T], taken []*Task[T]) {
-	if len(taken) == 0 || l.busy == 0 {
+	if holder.wide || len(taken) == 0 || l.busy == 0 {
 		return
 	}
 	i, ok := l.find(holder.lane)
@@ -230,13 +296,19 @@ func (l *Lanes[T]) GiveBack(holder *Task[T], taken []*Task[T]) {
 	holder.laned = true
 }
 
-// Busy returns the number of lanes with a task in flight.
-func (l *Lanes[T]) Busy() int { return l.busy }
+// Busy returns the number of lanes with a task in flight, the wide lane
+// included.
+func (l *Lanes[T]) Busy() int {
+	if l.wideHolder != nil {
+		return l.busy + 1
+	}
+	return l.busy
+}
 
 // Parked returns the number of tasks waiting behind busy lanes. It walks
 // every lane, so it is meant for snapshots, not hot paths.
 func (l *Lanes[T]) Parked() int {
-	n := 0
+	n := l.wideParked.Len()
 	for i := range l.parked {
 		n += l.parked[i].Len()
 	}

@@ -206,3 +206,64 @@ func TestGiveBackRestoresTheLane(t *testing.T) {
 		t.Fatalf("Release(4) = %v, busy %d; want nil, 0", next, l.Busy())
 	}
 }
+
+// TestWideLaneOrdersEveryKeyAndSplitsOntoKeyLanes: the wide lane runs its
+// tasks one after another whatever their keys; Split moves the running
+// one onto its key's lane and the parked ones onto theirs, in order, so a
+// parked task of the running one's key still waits for it.
+func TestWideLaneOrdersEveryKeyAndSplitsOntoKeyLanes(t *testing.T) {
+	var l Lanes[int]
+	ts := make([]Task[int], 6)
+	keys := []uint64{1, 2, 1, 3, 2, 1}
+	for i := range ts {
+		ts[i].Value = i
+		if got := l.AdmitWide(&ts[i]); got != (i == 0) {
+			t.Fatalf("AdmitWide(%d) = %v, want %v", i, got, i == 0)
+		}
+	}
+	if l.Busy() != 1 || l.Parked() != 5 || l.WideParked() != 5 {
+		t.Fatalf("Busy, Parked, WideParked = %d, %d, %d; want 1, 5, 5", l.Busy(), l.Parked(), l.WideParked())
+	}
+	if next := l.Release(&ts[0]); next != &ts[1] {
+		t.Fatalf("Release(0) = %v, want task 1, whatever its key", next)
+	}
+	if l.TakeNext(&ts[1]) != nil {
+		t.Fatal("TakeNext on the wide lane: want nil, batches do not take from it")
+	}
+
+	// Task 1 (key 2) runs; 2 (key 1), 3 (key 3), 4 (key 2), 5 (key 1) wait.
+	var ready []int
+	l.Split(func(t *Task[int]) uint64 { return keys[t.Value] }, func(t *Task[int]) { ready = append(ready, t.Value) })
+	if want := []int{2, 3}; !equal(ready, want) {
+		t.Fatalf("ready after Split = %v, want %v: 4 waits for 1 (key 2), 5 for 2 (key 1)", ready, want)
+	}
+	if l.WideParked() != 0 || l.Busy() != 3 || l.Parked() != 2 {
+		t.Fatalf("after Split: WideParked, Busy, Parked = %d, %d, %d; want 0, 3, 2", l.WideParked(), l.Busy(), l.Parked())
+	}
+	for i := range ts {
+		if ts[i].Wide() {
+			t.Fatalf("task %d still on the wide lane after Split", i)
+		}
+	}
+	if next := l.Release(&ts[1]); next != &ts[4] {
+		t.Fatalf("Release(1) = %v, want task 4, its key's next", next)
+	}
+	if next := l.Release(&ts[2]); next != &ts[5] {
+		t.Fatalf("Release(2) = %v, want task 5, its key's next", next)
+	}
+	for _, i := range []int{3, 4, 5} {
+		if next := l.Release(&ts[i]); next != nil {
+			t.Fatalf("Release(%d) = %v, want nil", i, next)
+		}
+	}
+	if l.Busy() != 0 || l.Parked() != 0 {
+		t.Fatalf("Busy, Parked = %d, %d; want 0, 0", l.Busy(), l.Parked())
+	}
+
+	// An idle wide lane opens again; Split of an idle lane does nothing.
+	l.Split(func(*Task[int]) uint64 { return 1 }, func(*Task[int]) { t.Fatal("Split of an idle wide lane made a task ready") })
+	var again Task[int]
+	if !l.AdmitWide(&again) || l.Release(&again) != nil || l.Busy() != 0 {
+		t.Fatal("a wide lane admitted again after it went idle: want it idle once its task is released")
+	}
+}
