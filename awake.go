@@ -106,16 +106,10 @@ func (e *engine) guardTick() {
 	}
 }
 
-// measured records a worker's estimate of the handler's time per record. A
-// handler measured slow closes every wide lane (widelane.go). Called with
-// mu held.
+// measured records a worker's estimate of the handler's time per record.
+// Called with mu held.
 func (e *engine) measured(perRecord time.Duration) {
-	a := &e.awake
-	cheap := perRecord < fastHandler
-	if !cheap && (a.cheap || !a.measured) && e.wideOK {
-		e.splitAll()
-	}
-	a.cheap, a.measured = cheap, true
+	e.awake.cheap, e.awake.measured = perRecord < fastHandler, true
 }
 
 // stopGuard stops the stuck guard at shutdown. Called with mu held.

@@ -28,8 +28,8 @@
 // key are unordered. ByPartition runs one record per partition at a time.
 // Unordered runs anything. Ordering never blocks the worker pool: records of a busy key
 // wait in that key's queue while workers take other keys. (While the handler
-// is cheap, ByKey runs a partition's keyed records one after another, which
-// costs less; a record that fails or runs long ends that at once: see
+// is cheap, ByKey and Unordered run a partition's records one after another,
+// which costs less; a record that fails or runs long ends that at once: see
 // ByKey.)
 //
 // # Failures

@@ -35,6 +35,8 @@ const (
 	// offset order: the classic consumer, with partitions in parallel.
 	ByPartition
 	// Unordered handles any record at any time, bounded by Concurrency.
+	// While the handler is cheap it runs a partition's records one after
+	// another, as ByKey does (see there).
 	Unordered
 )
 

@@ -18,6 +18,10 @@ func (e *engine) schedule(t *task) {
 		if t.Value.lane != 0 && !e.admitKeyed(ps, t) {
 			return
 		}
+	case Unordered:
+		if e.wideOK && !e.admitKeyed(ps, t) {
+			return
+		}
 	}
 	e.ready.Push(t)
 }

@@ -11,16 +11,32 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// wideEngine is a key-mode engine's scheduling state with one partition
-// whose keys (1, 2, 1, 3) entered its wide lane: the first is running in
-// worker slot 0, the other three wait behind it.
-func wideEngine(t *testing.T, workers int) (*engine, *partState, []*task) {
+// wideEngine is a key-mode engine's scheduling state, the handler measured
+// cheap and idle of its four workers idle, with one partition whose keys
+// (1, 2, 1, 3) entered its wide lane: the first is running in worker slot
+// 0, the other three wait behind it.
+func wideEngine(t *testing.T, idle int) (*engine, *partState, []*task) {
 	t.Helper()
-	e := &engine{cfg: &cfg{concurrency: workers, ordering: ByKey, windowRecords: 1000},
-		running: make([]slotRecord, workers), awake: awakeState{limit: 2}, wideOK: true, parts: map[tp]*partState{}}
+	e, ps, ts := wideEngineReady(t, idle)
+	e.mu.Lock()
+	e.runs(0, e.ready.Pop())
+	e.mu.Unlock()
+	return e, ps, ts
+}
+
+// wideEngineReady is wideEngine before a worker took the first record: it
+// is still ready.
+func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
+	t.Helper()
+	const workers = 4
+	e := &engine{cfg: &cfg{concurrency: workers, ordering: ByKey, windowRecords: 1000}, idle: idle,
+		running: make([]slotRecord, workers), awake: awakeState{limit: 2, cheap: true, measured: true},
+		wideOK: true, parts: map[tp]*partState{}}
 	ps := &partState{tp: tp{"t", 0}}
 	e.parts[ps.tp] = ps
 	var ts []*task
+	e.mu.Lock() // the stuck guard's timer reads what schedule writes
+	defer e.mu.Unlock()
 	for _, key := range []uint64{1, 2, 1, 3} {
 		tk := &task{}
 		tk.Value.part, tk.Value.lane = ps, key
@@ -31,7 +47,6 @@ func wideEngine(t *testing.T, workers int) (*engine, *partState, []*task) {
 		t.Fatalf("ready %d, parked %d, wide %v; want the first record ready and three parked on the wide lane",
 			e.ready.Len(), ps.lanes.WideParked(), ps.wide)
 	}
-	e.running[0] = slotRecord{e.ready.Pop(), e.awake.tick}
 	return e, ps, ts
 }
 
@@ -48,7 +63,7 @@ func readyKeys(e *engine) []uint64 {
 // splits a wide lane whose running record has run for two ticks, or at
 // once when a worker the cap allows is idle; the records of other keys
 // become ready, and the one of the running record's key still waits for
-// it. A handler measured slow splits every wide lane.
+// it. While the handler measures slow, no wide lane opens.
 func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 	tick := func(t *testing.T, e *engine) {
 		t.Helper()
@@ -78,11 +93,7 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 
 	t.Run("stuck", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			e, ps, ts := wideEngine(t, 4) // every worker busy: no idle one to share the partition
-			e.measured(time.Microsecond)
-			e.mu.Lock()
-			e.watchWide()
-			e.mu.Unlock()
+			e, ps, ts := wideEngine(t, 0) // every worker busy: none to share the partition
 			tick(t, e)
 			e.mu.Lock()
 			if !ps.wide || e.awake.guard == nil {
@@ -96,30 +107,46 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 	})
 	t.Run("idle worker", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			e, ps, ts := wideEngine(t, 4)
-			e.idle = 3 // one awake of the cap's two
-			e.measured(time.Microsecond)
+			e, ps, ts := wideEngine(t, 3) // one awake of the cap's two
+			tick(t, e)
+			check(t, e, ps, ts)
+			stopGuard(e)
+		})
+	})
+	t.Run("guard armed when the first record starts", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e, ps, ts := wideEngineReady(t, 0) // every worker busy elsewhere
+			tick(t, e) // nothing runs on the wide lane: the guard stops
 			e.mu.Lock()
-			e.watchWide()
+			if e.awake.guard != nil || !ps.wide {
+				t.Fatalf("guard armed %v, wide %v; want the guard stopped and the lane kept", e.awake.guard != nil, ps.wide)
+			}
+			e.runs(0, e.ready.Pop())
+			if e.awake.guard == nil {
+				t.Fatal("the wide lane's first record started with records behind it and the guard not armed")
+			}
 			e.mu.Unlock()
 			tick(t, e)
-			e.idle = 3 // the split woke one; count it idle again for check
+			tick(t, e)
 			check(t, e, ps, ts)
 			stopGuard(e)
 		})
 	})
 	t.Run("slow handler", func(t *testing.T) {
-		e, ps, ts := wideEngine(t, 4)
-		e.measured(time.Microsecond)
+		e := &engine{cfg: &cfg{concurrency: 4, ordering: ByKey, windowRecords: 1000},
+			running: make([]slotRecord, 4), awake: awakeState{limit: 2}, wideOK: true}
+		ps := &partState{tp: tp{"t", 0}}
 		e.measured(time.Millisecond)
-		check(t, e, ps, ts)
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		tk := &task{}
-		tk.Value.part, tk.Value.lane = ps, 4
-		e.schedule(tk)
-		if ps.wide || tk.Wide() {
-			t.Fatal("a record entered the wide lane while the handler measures slow")
+		for _, key := range []uint64{1, 2} {
+			tk := &task{}
+			tk.Value.part, tk.Value.lane = ps, key
+			e.schedule(tk)
+			if ps.wide || tk.Wide() {
+				t.Fatal("a record entered a wide lane while the handler measures slow")
+			}
+		}
+		if e.ready.Len() != 2 {
+			t.Fatalf("ready %d, want both records of their own keys", e.ready.Len())
 		}
 	})
 }
@@ -128,39 +155,51 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 // cheap records (so the partition runs its wide lane), a record that keeps
 // failing holds back the later records of its key and no other: every
 // other record of its partition is handled while it retries, and per-key
-// order holds once it succeeds.
+// order holds once it succeeds. In unordered mode it holds back nothing.
 func TestRetryingRecordHoldsBackOnlyItsKey(t *testing.T) {
-	c := newFakeCluster(t, notPorted, "wide", 1)
-	const warm, n, keys = 3000, 3500, 50
-	l := invariant.New(invariant.ByKey, n)
-	produce(t, c, "wide", warm, warm, l.Produced) // every record its own key
-	release := make(chan struct{})
-	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-		if r.Offset == warm {
-			select {
-			case <-release:
-			default:
-				return errors.New("downstream refuses this one for now")
+	for _, mode := range []struct {
+		order Order
+		check invariant.Order
+	}{{ByKey, invariant.ByKey}, {Unordered, invariant.Unordered}} {
+		t.Run(mode.order.String(), func(t *testing.T) {
+			c := newFakeCluster(t, notPorted, "wide", 1)
+			const warm, n, keys = 3000, 3500, 50
+			l := invariant.New(mode.check, n)
+			produce(t, c, "wide", warm, warm, l.Produced) // every record its own key
+			release := make(chan struct{})
+			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+				if r.Offset == warm {
+					select {
+					case <-release:
+					default:
+						return errors.New("downstream refuses this one for now")
+					}
+				}
+				l.Handled(r)
+				return nil
+			})
+			cons, err := New(h, append(testOpts(c, "wide", "wide"), Ordering(mode.order),
+				RetryBackoff(time.Millisecond, 5*time.Millisecond))...)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		l.Handled(r)
-		return nil
-	})
-	cons, err := New(h, append(testOpts(c, "wide", "wide"), Ordering(ByKey), RetryBackoff(time.Millisecond, 5*time.Millisecond))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
-	waitFor(t, l.Reached(warm), 20*time.Second, "the cheap records")
-	// Record warm has key 0 of the next range, as every 50th after it.
-	produceRange(t, c, nameIn(c, "wide"), warm, n, keys, l.Produced)
-	waitFor(t, l.Reached(n-(n-warm)/keys), 20*time.Second, "every record of the other keys")
-	close(release)
-	waitFor(t, l.AllHandled(), 20*time.Second, "the failing key's records")
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Report().Check(0); err != nil {
-		t.Fatal(err)
+			stop := runConsumer(t, cons)
+			waitFor(t, l.Reached(warm), 20*time.Second, "the cheap records")
+			// Record warm has key 0 of the next range, as every 50th after it.
+			produceRange(t, c, nameIn(c, "wide"), warm, n, keys, l.Produced)
+			others := int64(n - 1)
+			if mode.order == ByKey {
+				others = n - (n-warm)/keys
+			}
+			waitFor(t, l.Reached(others), 20*time.Second, "every record that need not wait for the failing one")
+			close(release)
+			waitFor(t, l.AllHandled(), 20*time.Second, "the failing key's records")
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Report().Check(0); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -269,10 +269,14 @@ func isLaned(o Order, t *task) bool {
 }
 
 // runs marks t as the record worker slot runs next and counts its attempt,
-// so that a stuck report reads both under mu. Called with mu held.
+// so that a stuck report reads both under mu, and has the stuck guard
+// watch t if records wait behind it on a wide lane. Called with mu held.
 func (e *engine) runs(slot int, t *task) {
 	t.Value.attempts++
 	e.running[slot] = slotRecord{t, e.awake.tick}
+	if t.Wide() && t.Value.part.lanes.WideParked() > 0 {
+		e.watchWide() // records wait behind this one
+	}
 }
 
 // dispatched counts an attempt of t starting now and stamps it (see stamp).

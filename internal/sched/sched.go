@@ -11,9 +11,10 @@
 // allocate.
 //
 // A partition's wide lane orders every task admitted to it, whatever its
-// key, as partition mode's single lane does: the engine's key mode uses it
-// while the handler is cheap, and Split moves its tasks onto their keys'
-// lanes when they must not wait for each other.
+// key, as partition mode's single lane does: the engine's key and
+// unordered modes use it while the handler is cheap, and Split moves its
+// tasks onto their keys' lanes (or out of the lanes) when they must not
+// wait for each other.
 //
 // Nothing here locks or starts goroutines: the caller owns the mutex.
 package sched
@@ -201,23 +202,32 @@ func (l *Lanes[T]) WideParked() int { return l.wideParked.Len() }
 // own key, and the tasks parked behind it, in order, are admitted to their
 // keys' lanes as Admit does. ready receives each one that found its lane
 // idle and may run now; the others wait behind a task of their own key.
-// key returns a task's key.
+// key returns a task's key, and false for a task that needs no lane: it
+// leaves the lanes (Release returns nil for it) and, if parked, is ready.
 //
 // Split requires that no key lane be busy while the wide lane is, so that
 // the in-flight task takes its key's lane over at once; the engine opens
 // the wide lane only when no lane is busy (Busy) and admits to key lanes
 // only once it split.
-func (l *Lanes[T]) Split(key func(*Task[T]) uint64, ready func(*Task[T])) {
+func (l *Lanes[T]) Split(key func(*Task[T]) (uint64, bool), ready func(*Task[T])) {
 	h := l.wideHolder
 	if h == nil {
 		return
 	}
 	l.wideHolder = nil
 	h.wide = false
-	l.Admit(h, key(h))
+	if k, ok := key(h); ok {
+		l.Admit(h, k)
+	} else {
+		h.laned = false
+	}
 	for t := l.wideParked.Pop(); t != nil; t = l.wideParked.Pop() {
 		t.wide = false
-		if l.Admit(t, key(t)) {
+		k, ok := key(t)
+		if !ok {
+			t.laned = false
+			ready(t)
+		} else if l.Admit(t, k) {
 			ready(t)
 		}
 	}

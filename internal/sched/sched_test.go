@@ -233,7 +233,7 @@ func TestWideLaneOrdersEveryKeyAndSplitsOntoKeyLanes(t *testing.T) {
 
 	// Task 1 (key 2) runs; 2 (key 1), 3 (key 3), 4 (key 2), 5 (key 1) wait.
 	var ready []int
-	l.Split(func(t *Task[int]) uint64 { return keys[t.Value] }, func(t *Task[int]) { ready = append(ready, t.Value) })
+	l.Split(func(t *Task[int]) (uint64, bool) { return keys[t.Value], true }, func(t *Task[int]) { ready = append(ready, t.Value) })
 	if want := []int{2, 3}; !equal(ready, want) {
 		t.Fatalf("ready after Split = %v, want %v: 4 waits for 1 (key 2), 5 for 2 (key 1)", ready, want)
 	}
@@ -261,9 +261,33 @@ func TestWideLaneOrdersEveryKeyAndSplitsOntoKeyLanes(t *testing.T) {
 	}
 
 	// An idle wide lane opens again; Split of an idle lane does nothing.
-	l.Split(func(*Task[int]) uint64 { return 1 }, func(*Task[int]) { t.Fatal("Split of an idle wide lane made a task ready") })
+	l.Split(func(*Task[int]) (uint64, bool) { return 1, true }, func(*Task[int]) { t.Fatal("Split of an idle wide lane made a task ready") })
 	var again Task[int]
 	if !l.AdmitWide(&again) || l.Release(&again) != nil || l.Busy() != 0 {
 		t.Fatal("a wide lane admitted again after it went idle: want it idle once its task is released")
+	}
+}
+
+// TestWideLaneSplitsOutOfTheLanes: tasks that need no lane (unordered
+// ones) leave the lanes on Split, the parked ones ready at once.
+func TestWideLaneSplitsOutOfTheLanes(t *testing.T) {
+	var l Lanes[int]
+	ts := make([]Task[int], 3)
+	for i := range ts {
+		ts[i].Value = i
+		l.AdmitWide(&ts[i])
+	}
+	var ready []int
+	l.Split(func(*Task[int]) (uint64, bool) { return 0, false }, func(t *Task[int]) { ready = append(ready, t.Value) })
+	if want := []int{1, 2}; !equal(ready, want) {
+		t.Fatalf("ready after Split = %v, want %v", ready, want)
+	}
+	if l.Busy() != 0 || l.Parked() != 0 {
+		t.Fatalf("Busy, Parked = %d, %d; want 0, 0: no lane holds an unordered task", l.Busy(), l.Parked())
+	}
+	for i := range ts {
+		if next := l.Release(&ts[i]); next != nil {
+			t.Fatalf("Release(%d) = %v, want nil", i, next)
+		}
 	}
 }
