@@ -11,7 +11,14 @@ func (e *engine) schedule(t *task) {
 	}
 	switch e.cfg.ordering {
 	case ByPartition:
-		if !ps.lanes.Admit(t, 0) {
+		// The wide lane is the partition's single lane (never split:
+		// ps.wide stays false), but for the batch handler, which takes
+		// a lane's records together (TakeNext).
+		if e.batch == nil {
+			if !ps.lanes.AdmitWide(t) {
+				return
+			}
+		} else if !ps.lanes.Admit(t, 0) {
 			return
 		}
 	case ByKey:

@@ -11,10 +11,10 @@
 // allocate.
 //
 // A partition's wide lane orders every task admitted to it, whatever its
-// key, as partition mode's single lane does: the engine's key and
-// unordered modes use it while the handler is cheap, and Split moves its
-// tasks onto their keys' lanes (or out of the lanes) when they must not
-// wait for each other.
+// key, outside the table of key lanes: it is partition mode's single lane,
+// the engine's key and unordered modes use it while the handler is cheap,
+// and Split moves its tasks onto their keys' lanes (or out of the lanes)
+// when they must not wait for each other.
 //
 // Nothing here locks or starts goroutines: the caller owns the mutex.
 package sched
