@@ -116,7 +116,8 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 	t.Run("guard armed when the first record starts", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			e, ps, ts := wideEngineReady(t, 0) // every worker busy elsewhere
-			tick(t, e) // nothing runs on the wide lane: the guard stops
+			// Nothing runs on the wide lane: the guard stops.
+			tick(t, e)
 			e.mu.Lock()
 			if e.awake.guard != nil || !ps.wide {
 				t.Fatalf("guard armed %v, wide %v; want the guard stopped and the lane kept", e.awake.guard != nil, ps.wide)
