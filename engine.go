@@ -82,7 +82,8 @@ type engine struct {
 	// overload breaker (overload.go), nil with the adaptive limit, which
 	// paces an overloaded downstream itself; over summarises overload logs.
 	rate *rates
-	// wideOK: key mode may use wide lanes (widelane.go); set by newEngine.
+	// wideOK: key and unordered modes may use wide lanes (widelane.go);
+	// set by newEngine.
 	wideOK bool
 	brk    *limit.Breaker
 	over   overloadLog
