@@ -20,9 +20,10 @@ type item struct {
 	part *partState
 	seq  window.Seq
 	size int64
-	// lane is the hash of the key (never 0) in key mode, or with a
+	// lane is the hash of the key (never 0 or 1) in key mode, or with a
 	// KeyRateLimit; 0 for a record without a key. Computed by prepare,
-	// outside the lock.
+	// outside the lock, or, where key mode may use wide lanes, left
+	// unhashed until the record needs its key's lane (laneOf).
 	lane     uint64
 	attempts int
 	// Dispatch times as durations since epoch (monotonic), half

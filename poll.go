@@ -168,13 +168,21 @@ type recMeta struct {
 // entering the window (at once or later, from held) is bookkeeping only.
 func (e *engine) prepare(recs []*kgo.Record) []recMeta {
 	meta := make([]recMeta, len(recs))
-	// Keys are hashed for the lanes of ByKey and for KeyRateLimit.
+	// Keys are hashed for the lanes of ByKey and for KeyRateLimit. Where
+	// key mode may use wide lanes, a key is hashed only once its record
+	// needs a key lane (laneOf): a cheap handler's records rarely do, and
+	// reading every key costs a cache miss per record.
 	keyed := e.cfg.ordering == ByKey || (e.rate != nil && e.rate.keys != nil)
+	lazy := e.wideOK && e.cfg.ordering == ByKey
 	for i, r := range recs {
 		m := &meta[i]
 		m.offset, m.size = r.Offset, recordSize(r)
-		if keyed && r.Key != nil {
-			m.lane = max(maphash.Bytes(e.seed, r.Key), 1)
+		switch {
+		case !keyed || r.Key == nil:
+		case lazy:
+			m.lane = unhashed
+		default:
+			m.lane = max(maphash.Bytes(e.seed, r.Key), unhashed+1)
 		}
 	}
 	return meta

@@ -1,6 +1,9 @@
 package kpar
 
-import "time"
+import (
+	"hash/maphash"
+	"time"
+)
 
 // Wide lanes. While the handler is cheap, a partition in key or unordered
 // mode orders its records (in key mode, its keyed ones) on one lane, the
@@ -51,7 +54,7 @@ func (e *engine) wideLanes() bool {
 // it may run now. Called with mu held.
 func (e *engine) admitKeyed(ps *partState, t *task) bool {
 	if !ps.wide && !e.openWide(ps) {
-		return e.cfg.ordering == Unordered || ps.lanes.Admit(t, t.Value.lane)
+		return e.cfg.ordering == Unordered || ps.lanes.Admit(t, e.laneOf(t))
 	}
 	if ps.lanes.AdmitWide(t) {
 		return true
@@ -88,13 +91,25 @@ func (e *engine) split(ps *partState, hold int) {
 	if e.cfg.ordering == Unordered {
 		ps.lanes.Split(noLane, e.ready.Push)
 	} else {
-		ps.lanes.Split(keyLane, e.ready.Push)
+		ps.lanes.Split(e.keyLane, e.ready.Push)
 	}
 	e.wake(e.ready.Len() - before)
 }
 
-func keyLane(t *task) (uint64, bool) { return t.Value.lane, true }
-func noLane(*task) (uint64, bool)    { return 0, false }
+func (e *engine) keyLane(t *task) (uint64, bool) { return e.laneOf(t), true }
+func noLane(*task) (uint64, bool)                { return 0, false }
+
+// unhashed is the lane of a keyed record whose key prepare left unhashed.
+const unhashed = 1
+
+// laneOf returns the hash of t's key, hashing it the first time it is
+// needed (see prepare). Called with mu held.
+func (e *engine) laneOf(t *task) uint64 {
+	if t.Value.lane == unhashed {
+		t.Value.lane = max(maphash.Bytes(e.seed, t.Value.rec.Key), unhashed+1)
+	}
+	return t.Value.lane
+}
 
 // watchWide arms the stuck guard while records wait behind a wide lane's
 // running record. Called with mu held.

@@ -13,8 +13,8 @@ import (
 
 // wideEngine is a key-mode engine's scheduling state, the handler measured
 // cheap and idle of its four workers idle, with one partition whose keys
-// (1, 2, 1, 3) entered its wide lane: the first is running in worker slot
-// 0, the other three wait behind it.
+// (hashes 2, 3, 2, 4) entered its wide lane: the first is running in
+// worker slot 0, the other three wait behind it.
 func wideEngine(t *testing.T, idle int) (*engine, *partState, []*task) {
 	t.Helper()
 	e, ps, ts := wideEngineReady(t, idle)
@@ -37,7 +37,7 @@ func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
 	var ts []*task
 	e.mu.Lock() // the stuck guard's timer reads what schedule writes
 	defer e.mu.Unlock()
-	for _, key := range []uint64{1, 2, 1, 3} {
+	for _, key := range []uint64{2, 3, 2, 4} {
 		tk := &task{}
 		tk.Value.part, tk.Value.lane = ps, key
 		e.schedule(tk)
@@ -83,8 +83,8 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 		if ps.wide || ps.lanes.WideParked() != 0 {
 			t.Fatalf("wide %v, parked on the wide lane %d; want the lane split", ps.wide, ps.lanes.WideParked())
 		}
-		if got := readyKeys(e); len(got) != 2 || got[0] != 2 || got[1] != 3 {
-			t.Fatalf("ready keys %v, want [2 3]: the second record of key 1 waits for the running one", got)
+		if got := readyKeys(e); len(got) != 2 || got[0] != 3 || got[1] != 4 {
+			t.Fatalf("ready keys %v, want [3 4]: the second record of key 2 waits for the running one", got)
 		}
 		if next := ps.lanes.Release(ts[0]); next != ts[2] {
 			t.Fatalf("releasing the running record handed over %v, want the second record of its key", next)
@@ -138,7 +138,7 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 			running: make([]slotRecord, 4), awake: awakeState{limit: 2}, wideOK: true}
 		ps := &partState{tp: tp{"t", 0}}
 		e.measured(time.Millisecond)
-		for _, key := range []uint64{1, 2} {
+		for _, key := range []uint64{2, 3} {
 			tk := &task{}
 			tk.Value.part, tk.Value.lane = ps, key
 			e.schedule(tk)
