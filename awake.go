@@ -31,6 +31,7 @@ const awakeTick = time.Millisecond
 // awakeState is the cap's bookkeeping, in engine, guarded by engine.mu.
 type awakeState struct {
 	cheap    bool // the last worker to measure the handler found it under fastHandler
+	tiny     bool // ... and under wideHandler (widelane.go)
 	measured bool // a worker measured the handler
 	limit    int  // GOMAXPROCS, when cheap
 	stuck    int  // workers running one record for over a tick, at the last tick
@@ -92,10 +93,10 @@ func (e *engine) guardTick() {
 		case a.tick-r.tick >= 2:
 			a.stuck++
 			if parked {
-				e.split(ps, 0) // its partition's other keys must not wait for it
+				e.split(ps, false) // its partition's other keys must not wait for it
 			}
 		case parked && e.ready.Len() == 0 && e.idle > 0 && e.awakeExcess() < 0:
-			e.split(ps, 0) // an idle worker may share the partition's records
+			e.split(ps, false) // an idle worker may share the partition's records
 		case parked:
 			watch = true
 		}
@@ -109,7 +110,8 @@ func (e *engine) guardTick() {
 // measured records a worker's estimate of the handler's time per record.
 // Called with mu held.
 func (e *engine) measured(perRecord time.Duration) {
-	e.awake.cheap, e.awake.measured = perRecord < fastHandler, true
+	a := &e.awake
+	a.cheap, a.tiny, a.measured = perRecord < fastHandler, perRecord < wideHandler, true
 }
 
 // stopGuard stops the stuck guard at shutdown. Called with mu held.

@@ -23,7 +23,7 @@ const (
 	// with a nil key carry no ordering and are handled as in Unordered.
 	// This is the default.
 	//
-	// While the handler is cheap (under 20µs a record), a partition's keyed
+	// While the handler is tiny (under 5µs a record), a partition's keyed
 	// records run one after another, as in ByPartition: parallelism within
 	// a partition would cost more bookkeeping than it saves, and the
 	// partitions still run in parallel. A record that fails, or runs for a
@@ -35,7 +35,7 @@ const (
 	// offset order: the classic consumer, with partitions in parallel.
 	ByPartition
 	// Unordered handles any record at any time, bounded by Concurrency.
-	// While the handler is cheap it runs a partition's records one after
+	// While the handler is tiny it runs a partition's records one after
 	// another, as ByKey does (see there).
 	Unordered
 )

@@ -5,17 +5,18 @@ import (
 	"time"
 )
 
-// Wide lanes. While the handler is cheap, a partition in key or unordered
-// mode orders its records (in key mode, its keyed ones) on one lane, the
-// wide lane, as partition mode does: each record then runs after the one
-// before it, and the worker that finishes one runs the next itself (see
-// runEach), with no lane per key to create and delete, no ready queue and
-// no wake-up in between. Per-key order holds, since records of a key are
-// records of its partition, and unordered records may run in any order.
-// Parallelism within a partition buys nothing while the bookkeeping costs
-// more than the handler: in kpar bench noop key mode spent about 50-70 ns
-// less CPU per record this way (BENCHMARKS.md, ninth pass). Across
-// partitions the workers run in parallel as before.
+// Wide lanes. While the handler is tiny (under wideHandler), a partition
+// in key or unordered mode orders its records (in key mode, its keyed
+// ones) on one lane, the wide lane, as partition mode does: each record
+// then runs after the one before it, and the worker that finishes one runs
+// the next itself (see runEach), with no lane per key to create and
+// delete, no ready queue and no wake-up in between. Per-key order holds,
+// since records of a key are records of its partition, and unordered
+// records may run in any order. Parallelism within a partition buys
+// nothing while the bookkeeping costs more than the handler: in kpar bench
+// noop key mode spent about 50-70 ns less CPU per record this way
+// (BENCHMARKS.md, ninth pass). Across partitions the workers run in
+// parallel as before.
 //
 // A partition leaves its wide lane (split) as soon as a record of another
 // key would wait for no reason:
@@ -26,20 +27,29 @@ import (
 //     among idle ones must not be run by one worker, and a handler that
 //     turned slow leaves workers idle within a tick.
 //
-// While a worker measures the handler slow (fastHandler or more), no wide
-// lane opens. The lanes already open are not split on that measure alone:
-// one run of records preempted on a busy machine measures slow too, and
-// the guard splits within a tick wherever a split lets more records run.
-//
 // Split moves every parked record onto its key's lane in order, so none
 // overtakes an earlier record of its key (unordered ones become ready). A
 // partition opens its wide lane again only when no lane of it is busy:
 // then no earlier record of any key is unfinished, and records entering
-// the wide lane cannot overtake one. (In unordered mode that is as soon as
-// the wide lane split.)
-// After a failure it first admits four windows of records to key lanes,
-// so that a partition with many failing records does not split again and
-// again.
+// the wide lane cannot overtake one. After a failure, and after any split
+// in unordered mode (where nothing else holds the lane off), it first
+// admits four windows of records to key lanes (or to none), so that a
+// partition whose records fail, block or need more than one worker does
+// not split again and again. (Before that hold and the lower threshold,
+// kpar bench cpu with one partition and a 10µs handler measured
+// 1.36-1.72x raw in unordered mode against 1.52-1.65x before wide lanes;
+// holding key mode off as well left a tenth of a noop run's records on
+// key lanes.)
+//
+// While a worker measures the handler at wideHandler or more, no wide lane
+// opens. The lanes already open are not split on that measure alone: one
+// run of records preempted on a busy machine measures slow too, and the
+// guard splits within a tick wherever a split lets more records run.
+
+// wideHandler is the per-record handler time below which partitions may
+// run their wide lanes: there the bookkeeping a wide lane saves, some 50 ns
+// a record, is worth more than parallelism within a partition.
+const wideHandler = 5 * time.Microsecond
 
 // wideLanes reports whether the engine's records may use wide lanes at all:
 // key or unordered mode with a per-record handler and no rate limit (a
@@ -63,10 +73,10 @@ func (e *engine) admitKeyed(ps *partState, t *task) bool {
 	return false
 }
 
-// openWide opens ps's wide lane if the handler is cheap (or not measured
+// openWide opens ps's wide lane if the handler is tiny (or not measured
 // yet) and no lane of ps is busy. Called with mu held.
 func (e *engine) openWide(ps *partState) bool {
-	if !e.wideOK || (e.awake.measured && !e.awake.cheap) || ps.lanes.Busy() != 0 {
+	if !e.wideOK || (e.awake.measured && !e.awake.tiny) || ps.lanes.Busy() != 0 {
 		return false
 	}
 	if ps.wideHold > 0 {
@@ -78,15 +88,16 @@ func (e *engine) openWide(ps *partState) bool {
 }
 
 // split closes ps's wide lane: its records move onto their keys' lanes,
-// and those free to run are made ready. hold is how many records ps then
-// admits to key lanes before the wide lane may open again. Called with mu
-// held.
-func (e *engine) split(ps *partState, hold int) {
+// and those free to run are made ready; failed says a record of the lane
+// failed. Called with mu held.
+func (e *engine) split(ps *partState, failed bool) {
 	if !ps.wide {
 		return
 	}
 	ps.wide = false
-	ps.wideHold = hold
+	if failed || e.cfg.ordering == Unordered {
+		ps.wideHold = 4 * e.cfg.windowRecords
+	}
 	before := e.ready.Len()
 	if e.cfg.ordering == Unordered {
 		ps.lanes.Split(noLane, e.ready.Push)

@@ -392,7 +392,7 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 		if t.Wide() {
 			// It retries on its key's lane: the partition's other keys
 			// must not wait for it.
-			e.split(ps, 4*e.cfg.windowRecords)
+			e.split(ps, true)
 		}
 		e.fail(t, err, timedOut, backoff, now)
 	}
