@@ -30,15 +30,19 @@ const awakeTick = time.Millisecond
 
 // awakeState is the cap's bookkeeping, in engine, guarded by engine.mu.
 type awakeState struct {
-	cheap    bool // the last worker to measure the handler found it under fastHandler
-	tiny     bool // ... and under wideHandler (widelane.go)
-	measured bool // a worker measured the handler
-	limit    int  // GOMAXPROCS, when cheap
-	stuck    int  // workers running one record for over a tick, at the last tick
-	held     int  // wake-ups the cap held back and workers it put to sleep, for tests
-	tick     uint32
-	guard    *time.Timer
+	// perRecord is the last worker's measure of the handler's time per
+	// record, 0 until a worker measured it (see cheap, and
+	// tinyOrUnmeasured in widelane.go).
+	perRecord time.Duration
+	limit     int // GOMAXPROCS, when cheap
+	stuck     int // workers running one record for over a tick, at the last tick
+	held      int // wake-ups the cap held back and workers it put to sleep, for tests
+	tick      uint32
+	guard     *time.Timer
 }
+
+// cheap reports whether the handler was measured under fastHandler.
+func (a *awakeState) cheap() bool { return a.perRecord > 0 && a.perRecord < fastHandler }
 
 func newAwakeState() awakeState { return awakeState{limit: runtime.GOMAXPROCS(0)} }
 
@@ -54,7 +58,7 @@ type slotRecord struct {
 // not cheap). Called with mu held.
 func (e *engine) awakeExcess() int {
 	a := &e.awake
-	if !a.cheap {
+	if !a.cheap() {
 		return math.MinInt
 	}
 	return e.cfg.concurrency - e.idle - (a.limit + a.stuck)
@@ -110,8 +114,7 @@ func (e *engine) guardTick() {
 // measured records a worker's estimate of the handler's time per record.
 // Called with mu held.
 func (e *engine) measured(perRecord time.Duration) {
-	a := &e.awake
-	a.cheap, a.tiny, a.measured = perRecord < fastHandler, perRecord < wideHandler, true
+	e.awake.perRecord = max(perRecord, 1) // 0 means not measured
 }
 
 // stopGuard stops the stuck guard at shutdown. Called with mu held.

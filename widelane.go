@@ -51,6 +51,10 @@ import (
 // a record, is worth more than parallelism within a partition.
 const wideHandler = 5 * time.Microsecond
 
+// tinyOrUnmeasured reports whether the handler was measured under
+// wideHandler, or not measured yet.
+func (a *awakeState) tinyOrUnmeasured() bool { return a.perRecord < wideHandler }
+
 // wideLanes reports whether the engine's records may use wide lanes at all:
 // key or unordered mode with a per-record handler and no rate limit (a
 // batch handler batches by lane or from the ready queue, and a rate limit
@@ -76,7 +80,7 @@ func (e *engine) admitKeyed(ps *partState, t *task) bool {
 // openWide opens ps's wide lane if the handler is tiny (or not measured
 // yet) and no lane of ps is busy. Called with mu held.
 func (e *engine) openWide(ps *partState) bool {
-	if !e.wideOK || (e.awake.measured && !e.awake.tiny) || ps.lanes.Busy() != 0 {
+	if !e.wideOK || !e.awake.tinyOrUnmeasured() || ps.lanes.Busy() != 0 {
 		return false
 	}
 	if ps.wideHold > 0 {

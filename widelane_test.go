@@ -30,7 +30,7 @@ func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
 	t.Helper()
 	const workers = 4
 	e := &engine{cfg: &cfg{concurrency: workers, ordering: ByKey, windowRecords: 1000}, idle: idle,
-		running: make([]slotRecord, workers), awake: awakeState{limit: 2, cheap: true, tiny: true, measured: true},
+		running: make([]slotRecord, workers), awake: awakeState{limit: 2, perRecord: time.Microsecond},
 		wideOK: true, parts: map[tp]*partState{}}
 	ps := &partState{tp: tp{"t", 0}}
 	e.parts[ps.tp] = ps
