@@ -19,6 +19,11 @@ import (
 // writes its result, with its own peak RSS, to stdout.
 const benchChildFlag = "--child"
 
+// benchBrokerChildFlag is the hidden first argument that makes `kpar
+// bench` the broker of --broker-process: it runs a broker and follows the
+// gate commands of its parent on stdin (bench.ServeBroker).
+const benchBrokerChildFlag = "--broker-child"
+
 // cmdBench runs the side-by-side benchmarks of package bench and prints a
 // Markdown table (or, with --json, the whole report) to stdout. Progress
 // goes to stderr. It exits 0 when every run worked, 1 when one failed (the
@@ -31,10 +36,18 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return 0
 	}
+	if len(args) > 0 && args[0] == benchBrokerChildFlag {
+		if err := bench.ServeBroker(ctx, os.Stdin, stdout); err != nil {
+			fmt.Fprintf(stderr, "kpar bench: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	fs := newFlagSet("bench", `
 
-Runs each contender against one in-process kfake broker loaded with the same
-topics, one after the other, and prints a Markdown table: records/s, a ratio
+Runs each contender against one kfake broker loaded with the same topics (in
+this process, or with --broker-process in a child process), one after the
+other, and prints a Markdown table: records/s, a ratio
 (to the raw loop, to the ideal rate, to key-less ordering, to published
 numbers or to the smallest backlog, as the column says), buffered-to-handled
 latency p50/p99, peak RSS and heap (memory scenario), and lost and duplicated
@@ -70,6 +83,7 @@ raw-share, each capped at --time-cap).`, stderr)
 	fetchMaxWait := fs.Duration("fetch-max-wait", 0, "pass this fetch long-poll wait to every contender's client instead of each one's default (kpar 500ms, franz-go 5s, sarama 500ms); 0 keeps the defaults")
 	cpuProfile := fs.String("cpuprofile", "", "write each run's CPU profile, of its measured interval only, to `PREFIX`-<scenario>-<contender>-<n>.pprof (for go tool pprof)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a Markdown table")
+	brokerProcess := fs.Bool("broker-process", false, "run the broker in a child process instead of in the bench's own, so that the contenders' heap and collector carry none of the broker's records and buffers (not for the crash scenario)")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -95,6 +109,17 @@ raw-share, each capped at --time-cap).`, stderr)
 			}
 			return exec.CommandContext(ctx, exe, "bench", benchChildFlag)
 		},
+	}
+	if *brokerProcess {
+		cfg.SpawnBroker = func() *exec.Cmd {
+			exe, err := os.Executable()
+			if err != nil {
+				exe = os.Args[0]
+			}
+			cmd := exec.Command(exe, "bench", benchBrokerChildFlag)
+			cmd.Stderr = stderr
+			return cmd
+		}
 	}
 	var err error
 	if cfg.Scenarios, err = list(*scenarios, bench.Scenarios()); err != nil {

@@ -1,5 +1,6 @@
 // Package bench runs kpar side by side with the other ways Go services
-// consume Kafka, against one in-process kfake broker, and reports each
+// consume Kafka, against one kfake broker (in process, or in a child
+// process with Config.SpawnBroker), and reports each
 // contender's throughput, latency, memory and — after a simulated crash —
 // lost and duplicated records.
 //
@@ -108,6 +109,14 @@ type Config struct {
 	// the memory scenario runs in this process and reports peak heap
 	// only.
 	Spawn func(ctx context.Context) *exec.Cmd
+
+	// SpawnBroker, when set, runs the broker in a child process: it
+	// returns a command that runs ServeBroker on its stdin and stdout.
+	// The contenders' process then holds none of the broker's records and
+	// allocations (see brokerchild.go). The crash scenario, which stops
+	// the broker at a commit, needs the broker in this process and
+	// reports an error without it.
+	SpawnBroker func() *exec.Cmd
 
 	// Progress receives a line per run; nil discards.
 	Progress io.Writer
@@ -302,7 +311,7 @@ type runner struct {
 }
 
 func newRunner(cfg Config) (*runner, error) {
-	b, err := startBroker()
+	b, err := startBroker(cfg.SpawnBroker)
 	if err != nil {
 		return nil, err
 	}
@@ -423,8 +432,12 @@ func (r *runner) measure(ctx context.Context, s runSpec) Result {
 	group := r.group(s.scenario, s.c.name)
 	e := r.env(&s, tr, group)
 
-	g := r.b.closeGate()
+	g, err := r.b.closeGate()
 	defer g.open()
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
@@ -442,7 +455,6 @@ func (r *runner) measure(ctx context.Context, s runSpec) Result {
 	}
 
 	sctx, scancel := context.WithTimeout(ctx, settleTimeout)
-	var err error
 	if s.c.settle != nil {
 		err = s.c.settle(sctx, g, errc)
 	} else {
@@ -463,6 +475,12 @@ func (r *runner) measure(ctx context.Context, s runSpec) Result {
 	}
 	t0 := time.Now()
 	g.open()
+	if g.openErr != nil {
+		stopProfile()
+		res.Err = g.openErr.Error()
+		_ = stop()
+		return res
+	}
 	var t95 time.Duration
 	n, st, runErr := r.watch(ctx, tr, t0, s.cap, errc, &t95)
 	wall := time.Since(t0)

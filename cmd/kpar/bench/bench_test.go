@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,13 @@ import (
 // TestMain doubles as the memory scenario's child process: with
 // KPAR_BENCH_CHILD=1 the test binary serves one child run and exits.
 func TestMain(m *testing.M) {
+	if os.Getenv("KPAR_BENCH_BROKER_CHILD") == "1" {
+		if err := ServeBroker(context.Background(), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv("KPAR_BENCH_CHILD") == "1" {
 		if err := ServeChild(context.Background(), os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -31,6 +39,13 @@ func TestMain(m *testing.M) {
 func spawnTestChild(ctx context.Context) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "KPAR_BENCH_CHILD=1")
+	return cmd
+}
+
+func spawnTestBroker() *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KPAR_BENCH_BROKER_CHILD=1")
+	cmd.Stderr = os.Stderr
 	return cmd
 }
 
@@ -210,5 +225,35 @@ func TestRunSmallFlow(t *testing.T) {
 		if res.Contender == KparForward && res.RatioTo != want[res.Scenario] {
 			t.Errorf("%s %s: ratio to %q, want %q", res.Scenario, res.Variant, res.RatioTo, want[res.Scenario])
 		}
+	}
+}
+
+// TestBrokerInAChildProcess runs noop small against a broker in a child
+// process (Config.SpawnBroker): the gate holds and opens across the pipe,
+// every record is handled, and the crash scenario, which needs the broker
+// in process, says so instead of running.
+func TestBrokerInAChildProcess(t *testing.T) {
+	cfg := Config{Scenarios: []string{Noop, Crash}, Contenders: []string{Raw, KparUnordered}, Records: 3000, SpawnBroker: spawnTestBroker}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noop, crash := 0, 0
+	for _, res := range rep.Results {
+		switch res.Scenario {
+		case Noop:
+			noop++
+			if res.Err != "" || res.Records != res.Target || res.Lost != 0 {
+				t.Errorf("noop %s: %+v", res.Contender, res)
+			}
+		case Crash:
+			crash++
+			if !strings.Contains(res.Err, "needs the broker in the bench's process") {
+				t.Errorf("crash %s: err %q, want the in-process broker asked for", res.Contender, res.Err)
+			}
+		}
+	}
+	if noop != 2 || crash == 0 {
+		t.Errorf("%d noop and %d crash results: %+v", noop, crash, rep.Results)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,31 +22,54 @@ import (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// broker is the one in-process kfake broker every contender of a run
-// consumes from, with an admin client that loads topics and watches groups.
+// broker is the one kfake broker every contender of a run consumes from,
+// with an admin client that loads topics and watches groups.
+//
+// With Config.SpawnBroker the broker runs in a child process instead
+// (brokerchild.go): kc is nil and child drives its gate.
 type broker struct {
-	kc   *embedded.Cluster
-	addr string
-	cl   *kgo.Client // loads records (pinned to produce v9: names, not topic IDs)
-	adm  *kadm.Client
+	kc    *embedded.Cluster
+	child *brokerChild
+	addr  string
+	cl    *kgo.Client // loads records (pinned to produce v9: names, not topic IDs)
+	adm   *kadm.Client
 }
 
-func startBroker() (*broker, error) {
-	kc, err := embedded.Start(embedded.Config{})
-	if err != nil {
-		return nil, fmt.Errorf("starting the broker: %w", err)
+func startBroker(spawn func() *exec.Cmd) (*broker, error) {
+	b := &broker{}
+	if spawn != nil {
+		child, addr, err := startBrokerChild(spawn())
+		if err != nil {
+			return nil, err
+		}
+		b.child, b.addr = child, addr
+	} else {
+		kc, err := embedded.Start(embedded.Config{})
+		if err != nil {
+			return nil, fmt.Errorf("starting the broker: %w", err)
+		}
+		b.kc, b.addr = kc, kc.Addr()
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.Addr()), kgo.MaxVersions(kversion.V3_0_0()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addr), kgo.MaxVersions(kversion.V3_0_0()))
 	if err != nil {
-		kc.Close()
+		b.closeBroker()
 		return nil, err
 	}
-	return &broker{kc: kc, addr: kc.Addr(), cl: cl, adm: kadm.NewClient(cl)}, nil
+	b.cl, b.adm = cl, kadm.NewClient(cl)
+	return b, nil
 }
 
 func (b *broker) close() {
 	b.cl.Close()
-	b.kc.Close()
+	b.closeBroker()
+}
+
+func (b *broker) closeBroker() {
+	if b.child != nil {
+		b.child.close()
+	} else {
+		b.kc.Close()
+	}
 }
 
 // topic is a loaded topic: what is in it, so runs know when they are done.
@@ -249,13 +273,20 @@ func appendRecord(dst []byte, offsetDelta int32, key, value []byte) []byte {
 type gate struct {
 	once sync.Once
 	ch   chan struct{}
+	// onOpen tells a child broker (brokerChild.closeGate); openErr is
+	// its error.
+	onOpen  func() error
+	openErr error
 
 	fetched, shareFetched     chan struct{} // closed at the first held Fetch, ShareFetch
 	fetchOnce, shareFetchOnce sync.Once
 }
 
-func (b *broker) closeGate() *gate {
+func (b *broker) closeGate() (*gate, error) {
 	g := &gate{ch: make(chan struct{}), fetched: make(chan struct{}), shareFetched: make(chan struct{})}
+	if b.child != nil {
+		return g, b.child.closeGate(g)
+	}
 	hold := func(first *sync.Once, seen chan struct{}) func(kmsg.Request) (kmsg.Response, error, bool) {
 		return func(kmsg.Request) (kmsg.Response, error, bool) {
 			select {
@@ -270,10 +301,18 @@ func (b *broker) closeGate() *gate {
 	}
 	b.kc.ControlKey(int16(kmsg.Fetch), hold(&g.fetchOnce, g.fetched))
 	b.kc.ControlKey(int16(kmsg.ShareFetch), hold(&g.shareFetchOnce, g.shareFetched))
-	return g
+	return g, nil
 }
 
-func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
+// open opens g once; a child broker's error stays in openErr.
+func (g *gate) open() {
+	g.once.Do(func() {
+		close(g.ch)
+		if g.onOpen != nil {
+			g.openErr = g.onOpen()
+		}
+	})
+}
 
 // waitStable waits until group has members members and all of the topic's
 // partitions are assigned, with no rebalance in progress.

@@ -152,8 +152,12 @@ func (r *runner) measureChild(ctx context.Context, c contender, t *topic, varian
 	spec, _ := json.Marshal(childSpec{Broker: r.b.addr, Topic: t.name, Ends: t.ends, Group: group,
 		Contender: c.name, Concurrent: defaultConcurrency, FetchMaxWait: r.cfg.FetchMaxWait})
 
-	g := r.b.closeGate()
+	g, err := r.b.closeGate()
 	defer g.open()
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
 	cctx, cancel := context.WithTimeout(ctx, runLimit)
 	defer cancel()
 	cmd := r.cfg.Spawn(cctx)
@@ -167,7 +171,7 @@ func (r *runner) measureChild(ctx context.Context, c contender, t *topic, varian
 	go func() { exited <- cmd.Wait() }()
 
 	sctx, scancel := context.WithTimeout(ctx, settleTimeout)
-	err := r.b.waitStable(sctx, group, c.members(t.partitions), t, exited)
+	err = r.b.waitStable(sctx, group, c.members(t.partitions), t, exited)
 	scancel()
 	if err != nil {
 		res.Err = err.Error() + childStderr(&stderr)
@@ -178,6 +182,12 @@ func (r *runner) measureChild(ctx context.Context, c contender, t *topic, varian
 	}
 	t0 := time.Now()
 	g.open()
+	if g.openErr != nil {
+		res.Err = g.openErr.Error()
+		cancel()
+		<-exited
+		return res
+	}
 	if err := <-exited; err != nil {
 		res.Err = fmt.Sprintf("child: %v%s", err, childStderr(&stderr))
 		return res

@@ -341,6 +341,10 @@ func (r *runner) crashRun(ctx context.Context, c contender, t *topic) Result {
 	group := r.group(Crash, c.name)
 	spec := runSpec{scenario: Crash, c: c, t: t, work: randomSleep(crashMaxMicros),
 		concurrency: defaultConcurrency, commitEvery: crashCommitEvery}
+	if r.b.kc == nil {
+		res.Err = "the crash scenario stops the broker at a commit, which needs the broker in the bench's process: run it without --broker-process"
+		return res
+	}
 	e := r.env(&spec, tr, group)
 	cp := r.b.crashAtCommit(group, func() { tr.frozen.Store(true) })
 	defer cp.restart() // let the control go even on failure
