@@ -24,6 +24,14 @@ const benchChildFlag = "--child"
 // gate commands of its parent on stdin (bench.ServeBroker).
 const benchBrokerChildFlag = "--broker-child"
 
+// selfExecutable is this binary's path, for the bench's child processes.
+func selfExecutable() string {
+	if exe, err := os.Executable(); err == nil {
+		return exe
+	}
+	return os.Args[0]
+}
+
 // cmdBench runs the side-by-side benchmarks of package bench and prints a
 // Markdown table (or, with --json, the whole report) to stdout. Progress
 // goes to stderr. It exits 0 when every run worked, 1 when one failed (the
@@ -103,20 +111,12 @@ raw-share, each capped at --time-cap).`, stderr)
 		CPUProfile:   *cpuProfile,
 		Progress:     stderr,
 		Spawn: func(ctx context.Context) *exec.Cmd {
-			exe, err := os.Executable()
-			if err != nil {
-				exe = os.Args[0]
-			}
-			return exec.CommandContext(ctx, exe, "bench", benchChildFlag)
+			return exec.CommandContext(ctx, selfExecutable(), "bench", benchChildFlag)
 		},
 	}
 	if *brokerProcess {
 		cfg.SpawnBroker = func() *exec.Cmd {
-			exe, err := os.Executable()
-			if err != nil {
-				exe = os.Args[0]
-			}
-			cmd := exec.Command(exe, "bench", benchBrokerChildFlag)
+			cmd := exec.Command(selfExecutable(), "bench", benchBrokerChildFlag)
 			cmd.Stderr = stderr
 			return cmd
 		}

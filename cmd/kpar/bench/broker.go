@@ -287,21 +287,37 @@ func (b *broker) closeGate() (*gate, error) {
 	if b.child != nil {
 		return g, b.child.closeGate(g)
 	}
-	hold := func(first *sync.Once, seen chan struct{}) func(kmsg.Request) (kmsg.Response, error, bool) {
-		return func(kmsg.Request) (kmsg.Response, error, bool) {
+	holdFetches(b.kc, g.ch, g.saw)
+	return g, nil
+}
+
+// holdFetches makes kc hold every Fetch and ShareFetch until open is
+// closed, calling seen with the request's key at the first one held of
+// each kind; the in-process gate and the child broker (ServeBroker) share
+// it.
+func holdFetches(kc *embedded.Cluster, open <-chan struct{}, seen func(key int16)) {
+	for _, key := range []int16{int16(kmsg.Fetch), int16(kmsg.ShareFetch)} {
+		var first sync.Once
+		kc.ControlKey(key, func(kmsg.Request) (kmsg.Response, error, bool) {
 			select {
-			case <-g.ch:
-				b.kc.DropControl()
+			case <-open:
+				kc.DropControl()
 			default:
-				first.Do(func() { close(seen) })
-				b.kc.SleepControl(func() { <-g.ch })
+				first.Do(func() { seen(key) })
+				kc.SleepControl(func() { <-open })
 			}
 			return nil, nil, false // then kfake answers the fetch as usual
-		}
+		})
 	}
-	b.kc.ControlKey(int16(kmsg.Fetch), hold(&g.fetchOnce, g.fetched))
-	b.kc.ControlKey(int16(kmsg.ShareFetch), hold(&g.shareFetchOnce, g.shareFetched))
-	return g, nil
+}
+
+// saw tells g that the first fetch of kind key was held.
+func (g *gate) saw(key int16) {
+	if key == int16(kmsg.ShareFetch) {
+		g.shareFetchOnce.Do(func() { close(g.shareFetched) })
+	} else {
+		g.fetchOnce.Do(func() { close(g.fetched) })
+	}
 }
 
 // open opens g once; a child broker's error stays in openErr.

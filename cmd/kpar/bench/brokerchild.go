@@ -90,9 +90,9 @@ func (c *brokerChild) read(stdout io.Reader, addr chan<- string) {
 				continue
 			}
 			if line == "fetched" {
-				g.fetchOnce.Do(func() { close(g.fetched) })
+				g.saw(int16(kmsg.Fetch))
 			} else {
-				g.shareFetchOnce.Do(func() { close(g.shareFetched) })
+				g.saw(int16(kmsg.ShareFetch))
 			}
 		default:
 			c.replies <- line
@@ -157,17 +157,11 @@ func ServeBroker(ctx context.Context, in io.Reader, out io.Writer) error {
 	say("addr " + kc.Addr())
 
 	var open chan struct{} // the current gate; nil when none is closed
-	hold := func(gateOpen chan struct{}, seen string) func(kmsg.Request) (kmsg.Response, error, bool) {
-		var once sync.Once
-		return func(kmsg.Request) (kmsg.Response, error, bool) {
-			select {
-			case <-gateOpen:
-				kc.DropControl()
-			default:
-				once.Do(func() { say(seen) })
-				kc.SleepControl(func() { <-gateOpen })
-			}
-			return nil, nil, false
+	seen := func(key int16) {
+		if key == int16(kmsg.ShareFetch) {
+			say("share-fetched")
+		} else {
+			say("fetched")
 		}
 	}
 	sc := bufio.NewScanner(in)
@@ -178,8 +172,7 @@ func ServeBroker(ctx context.Context, in io.Reader, out io.Writer) error {
 				close(open)
 			}
 			open = make(chan struct{})
-			kc.ControlKey(int16(kmsg.Fetch), hold(open, "fetched"))
-			kc.ControlKey(int16(kmsg.ShareFetch), hold(open, "share-fetched"))
+			holdFetches(kc, open, seen)
 			say("closed")
 		case "open":
 			if open != nil {
