@@ -16,7 +16,9 @@
 # medians and the counts of one sitting, never by single runs.
 #
 # Needs python3 (to read the JSON). Extra arguments for kpar bench go in
-# KPAR_BENCH_ARGS, for instance KPAR_BENCH_ARGS="--records 3000000".
+# KPAR_BENCH_ARGS, for instance KPAR_BENCH_ARGS="--records 3000000", or
+# KPAR_BENCH_ARGS="--rounds 15" for each run's median over 15 rounds
+# (about 35 s a run; BENCHMARKS.md, eleventh pass).
 set -euo pipefail
 
 if [ $# -lt 2 ]; then

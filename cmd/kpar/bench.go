@@ -64,8 +64,10 @@ shared machine mean little.
 
 Contenders: raw (one franz-go poll loop), per-partition (one group member per
 partition, kpar.RunMembers), naive-pool (one poller, a worker pool, commits the
-highest finished offset), kpar-key, kpar-partition, kpar-unordered, and sarama
-in a binary built with -tags sarama (go build -tags sarama ./cmd/kpar); and,
+highest finished offset), batch-pool (naive-pool handing workers runs of 256
+records instead of one; noop only), kpar-key, kpar-partition, kpar-unordered,
+and sarama in a binary built with -tags sarama (go build -tags sarama
+./cmd/kpar); and,
 in the share scenario only, kpar-share (kpar.ShareGroup), raw-share (a plain
 franz-go share consumer) and backfill-1/2/4 (kpar.Backfill with 1, 2 or 4
 readers).
@@ -89,6 +91,7 @@ raw-share, each capped at --time-cap).`, stderr)
 	backlogs := fs.String("backlogs", "100000,1000000,10000000", "comma-separated backlog `sizes` of the memory scenario")
 	timeCap := fs.Duration("time-cap", 5*time.Second, "longest a run of io, keys or cpu may take; a slower contender is stopped and rated on what it handled")
 	fetchMaxWait := fs.Duration("fetch-max-wait", 0, "pass this fetch long-poll wait to every contender's client instead of each one's default (kpar 500ms, franz-go 5s, sarama 500ms); 0 keeps the defaults")
+	rounds := fs.Int("rounds", 3, "how many times noop runs each contender, and forward and batch alternate the generator and kpar, before reporting each one's median")
 	cpuProfile := fs.String("cpuprofile", "", "write each run's CPU profile, of its measured interval only, to `PREFIX`-<scenario>-<contender>-<n>.pprof (for go tool pprof)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a Markdown table")
 	brokerProcess := fs.Bool("broker-process", false, "run the broker in a child process instead of in the bench's own, so that the contenders' heap and collector carry none of the broker's records and buffers (not for the crash scenario)")
@@ -107,6 +110,7 @@ raw-share, each capped at --time-cap).`, stderr)
 		Concurrency:  *concurrency,
 		CPUWork:      *cpuWork,
 		TimeCap:      *timeCap,
+		Rounds:       *rounds,
 		FetchMaxWait: *fetchMaxWait,
 		CPUProfile:   *cpuProfile,
 		Progress:     stderr,
@@ -138,6 +142,8 @@ raw-share, each capped at --time-cap).`, stderr)
 	switch {
 	case *records < 0 || *records > 100_000_000:
 		return fs.usageError("invalid --records %d: want 0 (the defaults) to 100000000", *records)
+	case *rounds < 1 || *rounds > 99:
+		return fs.usageError("invalid --rounds %d: want 1 to 99", *rounds)
 	case *partitions < 1 || *partitions > 1000:
 		return fs.usageError("invalid --partitions %d: want 1 to 1000", *partitions)
 	case *valueBytes < 1 || *valueBytes > 1<<20:

@@ -74,6 +74,7 @@ func TestBenchRejectsBadUsage(t *testing.T) {
 		{"zero concurrency", nil, []string{"--concurrency", "0"}, "--concurrency"},
 		{"bad backlogs", nil, []string{"--backlogs", "1000,lots"}, "--backlogs"},
 		{"zero time cap", nil, []string{"--time-cap", "0s"}, "--time-cap"},
+		{"zero rounds", nil, []string{"--rounds", "0"}, "--rounds"},
 		{"not a duration in the environment", map[string]string{"KPAR_CPU_WORK": "fast"}, nil, "KPAR_CPU_WORK"},
 		{"unknown flag", nil, []string{"--turbo"}, "turbo"},
 		{"stray argument", nil, []string{"noop"}, "unexpected argument"},

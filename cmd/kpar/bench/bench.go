@@ -92,6 +92,11 @@ type Config struct {
 	// the records it handled (sequential contenders would take minutes):
 	// 5s. pc-volume and memory runs always finish.
 	TimeCap time.Duration
+	// Rounds is how many times noop runs each contender, and forward and
+	// batch alternate the generator and kpar, before reporting each
+	// one's median: 3. More rounds make one run's median steadier on a
+	// shared machine, where a single round's rate moves by a fifth.
+	Rounds int
 
 	// FetchMaxWait, when set, is passed to every contender's client
 	// (kgo.FetchMaxWait; sarama's Consumer.MaxWaitTime) instead of each
@@ -134,6 +139,7 @@ func DefaultConfig() Config {
 		CPUWork:     50 * time.Microsecond,
 		Backlogs:    []int{100_000, 1_000_000, 10_000_000},
 		TimeCap:     5 * time.Second,
+		Rounds:      3,
 	}
 }
 
@@ -165,6 +171,9 @@ func (c *Config) fill() {
 	}
 	if c.TimeCap <= 0 {
 		c.TimeCap = d.TimeCap
+	}
+	if c.Rounds <= 0 {
+		c.Rounds = d.Rounds
 	}
 }
 
@@ -243,6 +252,7 @@ type Report struct {
 		CPUWork      string   `json:"cpu_work"`
 		Backlogs     []int    `json:"backlogs"`
 		TimeCap      string   `json:"time_cap"`
+		Rounds       int      `json:"rounds"`
 		FetchMaxWait string   `json:"fetch_max_wait,omitempty"`
 		ChildRSS     bool     `json:"child_rss"`
 	} `json:"config"`
@@ -279,7 +289,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	c.Scenarios, c.Contenders, c.Records = cfg.Scenarios, cfg.Contenders, cfg.Records
 	c.Partitions, c.ValueBytes, c.Concurrency = cfg.Partitions, cfg.ValueBytes, cfg.Concurrency
 	c.Latency, c.CPUWork, c.TimeCap = cfg.Latency.String(), cfg.CPUWork.String(), cfg.TimeCap.String()
-	c.Backlogs, c.ChildRSS = cfg.Backlogs, cfg.Spawn != nil
+	c.Backlogs, c.ChildRSS, c.Rounds = cfg.Backlogs, cfg.Spawn != nil, cfg.Rounds
 	if cfg.FetchMaxWait > 0 {
 		c.FetchMaxWait = cfg.FetchMaxWait.String()
 	}

@@ -63,13 +63,17 @@ func runSmall(t *testing.T, cfg Config) *Report {
 }
 
 func TestRunSmallNoop(t *testing.T) {
-	cfg := Config{Scenarios: []string{Noop}, Contenders: []string{Raw, NaivePool, KparUnordered}, Records: 3000}
+	cfg := Config{Scenarios: []string{Noop}, Contenders: []string{Raw, NaivePool, BatchPool, KparUnordered}, Records: 3000, Rounds: 5}
 	rep := runSmall(t, cfg)
-	if len(rep.Results) != 3 {
-		t.Fatalf("%d results, want 3", len(rep.Results))
+	if len(rep.Results) != 4 {
+		t.Fatalf("%d results, want 4", len(rep.Results))
+	}
+	if rep.Config.Rounds != 5 {
+		t.Errorf("report says %d rounds, want 5", rep.Config.Rounds)
 	}
 	for _, res := range rep.Results {
-		if res.Err != "" || res.Records != 3000 || res.Lost != 0 || res.Duplicates != 0 || res.RatioTo != "raw" {
+		if res.Err != "" || res.Records != 3000 || res.Lost != 0 || res.Duplicates != 0 || res.RatioTo != "raw" ||
+			!strings.Contains(res.Note, "median of 5") {
 			t.Errorf("%s: %+v", res.Contender, res)
 		}
 	}

@@ -274,11 +274,6 @@ func (r *runner) rate(ctx context.Context) ([]Result, error) {
 
 // ---- forward, batch ----
 
-// flowRounds: forward and batch alternate the generator and kpar this many
-// times and report each one's median, so that drift on a shared machine
-// hits both alike.
-const flowRounds = 3
-
 func (r *runner) forward(ctx context.Context) ([]Result, error) {
 	t, ep, err := r.flowEndpoint(ctx, "flow-forward", 30_000, flowService, false)
 	if err != nil {
@@ -323,18 +318,19 @@ func (r *runner) batch(ctx context.Context) ([]Result, error) {
 	}
 	gen.Note = join(fmt.Sprintf("%d goroutines, one record per request", genConc), gen.Note)
 	res.Note = join(res.Note, fmt.Sprintf("concurrency %d (8 batches of %d in flight), %s requests a run; dead letters %s",
-		conc, batch, commas(requests/flowRounds), commas(dead)))
+		conc, batch, commas(requests/int64(r.cfg.Rounds)), commas(dead)))
 	return []Result{gen, res}, ctx.Err()
 }
 
-// againstGenerator alternates, flowRounds times, the load generator
+// againstGenerator alternates, Rounds times (so that drift on a shared
+// machine hits both alike), the load generator
 // (genConc goroutines, n requests to ep) and one kpar run (run), and
 // returns the median of each; the kpar run's ratio is to the generator's
 // rate. err is ctx's once it ended.
 func (r *runner) againstGenerator(ctx context.Context, scenario string, ep *endpoint, genConc int, n int64, run func() Result) (gen, res Result, err error) {
 	body := bytes.Repeat([]byte{'x'}, r.cfg.ValueBytes)
 	var gens, runs []Result
-	for range flowRounds {
+	for range r.cfg.Rounds {
 		gens = append(gens, r.generate(ctx, scenario, ep.url, genConc, n, body))
 		runs = append(runs, run())
 		if ctx.Err() != nil {

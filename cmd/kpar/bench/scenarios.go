@@ -19,11 +19,11 @@ func (r *runner) noop(ctx context.Context) ([]Result, error) {
 		return nil, err
 	}
 	// Runs this short are noisy on a shared machine: each contender runs
-	// noopRounds times, round-robin so drift hits everyone alike, and
-	// reports its median.
+	// Rounds times, round-robin so drift hits everyone alike, and reports
+	// its median.
 	cs := r.contenders(Contenders()...)
 	runs := make([][]Result, len(cs))
-	for range noopRounds {
+	for range r.cfg.Rounds {
 		for i, c := range cs {
 			runs[i] = append(runs[i], r.measure(ctx, runSpec{scenario: Noop, c: c, t: t, work: noWork, concurrency: defaultConcurrency}))
 			if ctx.Err() != nil {
@@ -54,8 +54,6 @@ func (r *runner) noop(ctx context.Context) ([]Result, error) {
 	}
 	return out, ctx.Err()
 }
-
-const noopRounds = 3
 
 // median returns the run with the median rate, noting the spread; a failed
 // run wins, so that its error shows.
