@@ -239,7 +239,11 @@ func (e *engine) detectStuck(now time.Time) {
 // held; only for reports.
 func (e *engine) attemptsOf(p tp, offset int64) int {
 	match := func(t *task) bool {
-		return t != nil && t.Value.part.tp == p && t.Value.rec != nil && t.Value.rec.Offset == offset
+		if t == nil || t.Value.part.tp != p {
+			return false
+		}
+		r := t.Value.current()
+		return r != nil && r.Offset == offset
 	}
 	for _, r := range e.running {
 		// Fast records share one attempt context; running knows which

@@ -37,8 +37,12 @@ type awakeState struct {
 	limit     int // GOMAXPROCS, when cheap
 	stuck     int // workers running one record for over a tick, at the last tick
 	held      int // wake-ups the cap held back and workers it put to sleep, for tests
-	tick      uint32
-	guard     *time.Timer
+	// pinned, when not 0, is the measure every worker reports instead of
+	// its own: for tests whose handler must count as tiny (or slow)
+	// whatever -race and a loaded machine make of it.
+	pinned time.Duration
+	tick   uint32
+	guard  *time.Timer
 }
 
 // cheap reports whether the handler was measured under fastHandler.
@@ -91,11 +95,19 @@ func (e *engine) guardTick() {
 		if r.t == nil {
 			continue
 		}
-		ps := r.t.Value.part
-		parked := r.t.Wide() && ps.wide && ps.lanes.WideParked() > 0
+		ps, run := r.t.Value.part, r.t.Value.run
+		parked := r.t.Wide() && ps.wide && (ps.lanes.WideParked() > 0 || run != nil && run.left() > 0)
+		if run != nil {
+			watch = true // until the run ends: its record may turn out stuck
+		}
 		switch {
 		case a.tick-r.tick >= 2:
 			a.stuck++
+			if run != nil && ps.status != dropped {
+				// The records it ran before this one finished: the
+				// window start and the stuck report move to this one.
+				e.markRun(r.t, run.claimed()-1)
+			}
 			if parked {
 				e.split(ps, false) // its partition's other keys must not wait for it
 			}
@@ -114,6 +126,9 @@ func (e *engine) guardTick() {
 // measured records a worker's estimate of the handler's time per record.
 // Called with mu held.
 func (e *engine) measured(perRecord time.Duration) {
+	if e.awake.pinned > 0 {
+		perRecord = e.awake.pinned
+	}
 	e.awake.perRecord = max(perRecord, 1) // 0 means not measured
 }
 

@@ -85,8 +85,14 @@ type engine struct {
 	// wideOK: key and unordered modes may use wide lanes (widelane.go);
 	// set by newEngine.
 	wideOK bool
-	brk    *limit.Breaker
-	over   overloadLog
+	// runOK: records may enter as record runs (run.go), neither a batch
+	// handler, nor a rate limit, nor the adaptive limit counting records
+	// one by one; set by newEngine.
+	runOK bool
+	// runsEntered counts the record runs entered, for tests. Guarded by mu.
+	runsEntered uint64
+	brk         *limit.Breaker
+	over        overloadLog
 	// toggles are pause/resume decisions for the fetch controller
 	// (poll.go); toggleWake (capacity 1) wakes it.
 	toggles    []fetchToggle
@@ -141,6 +147,8 @@ func newEngine(c *Consumer) *engine {
 	}
 	e.rate = newRates(&c.cfg)
 	e.wideOK = e.wideLanes()
+	e.runOK = e.batch == nil && e.rate == nil && e.lim == nil
+	e.awake.pinned = c.cfg.pinnedCost
 	return e
 }
 

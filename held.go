@@ -39,16 +39,14 @@ func (q *heldQueue) lastOffset() int64 {
 	return s.meta[len(s.meta)-1].offset
 }
 
-// take removes the first n held records (n at most Len), calling fn on each
-// in order.
-func (q *heldQueue) take(n int, fn func(*kgo.Record, *recMeta)) {
+// take removes the first n held records (n at most Len), calling fn on
+// them in order, a fetch's part at a time.
+func (q *heldQueue) take(n int, fn func([]*kgo.Record, []recMeta)) {
 	q.n -= n
 	for n > 0 {
 		s := q.segs[0]
 		k := min(n, len(s.recs))
-		for i := range s.recs[:k] {
-			fn(s.recs[i], &s.meta[i])
-		}
+		fn(s.recs[:k], s.meta[:k])
 		n -= k
 		if k < len(s.recs) {
 			q.segs[0] = heldSeg{s.recs[k:], s.meta[k:]}

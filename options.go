@@ -112,6 +112,9 @@ type cfg struct {
 	shareGroup string // ShareGroup (share.go): replaces group
 	topics     []string
 	regex      bool
+	// pinnedCost, for tests only, is the handler's time per record the
+	// engine goes by instead of its workers' measure (awakeState.pinned).
+	pinnedCost time.Duration
 
 	concurrency         int
 	ordering            Order

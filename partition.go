@@ -32,6 +32,9 @@ type item struct {
 	started time.Duration // this attempt's dispatch, for the adaptive limit
 
 	x *extra // failure and retry-topic state; nil for most records
+	// run holds the records of a record run (run.go); rec is then the
+	// first of them. nil for a single record.
+	run *recRun
 }
 
 // extra is the state of the few records that failed or came from a retry

@@ -138,9 +138,7 @@ func (e *engine) admit(fs kgo.Fetches) {
 		readyBefore := e.ready.Len()
 		if ps.held.Len() == 0 {
 			room := min(len(meta), e.cfg.windowRecords-ps.win.Len())
-			for i := range meta[:room] {
-				e.enter(ps, recs[i], &meta[i])
-			}
+			e.enterRecords(ps, recs[:room], meta[:room])
 			recs, meta = recs[room:], meta[room:]
 		}
 		ps.held.push(recs, meta)

@@ -64,6 +64,7 @@ func (e *engine) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[strin
 				continue
 			}
 			s.status = revoking
+			e.stopRuns(s)
 			revokingParts = append(revokingParts, s)
 			if s.running > 0 {
 				s.idle = make(chan struct{})
@@ -148,6 +149,7 @@ func (e *engine) dropLocked(ps *partState) {
 		return
 	}
 	ps.status = dropped
+	e.stopRuns(ps)
 	e.bytes -= ps.bytes - ps.waiting
 	e.pending -= ps.win.Pending() + ps.held.Len()
 	ps.bytes = 0

@@ -29,13 +29,22 @@ type taskStore struct {
 	base   window.Seq
 }
 
-// at returns the task of seq, a seq just pushed to the window: above every
-// seq the store holds.
+// at returns the task of seq, an unfinished seq of the window: one just
+// pushed, or one of a record run (run.go) that gets a task of its own. A
+// run's records have no tasks until then, so the store may hold none of
+// the chunks below seq, or none at all.
 func (s *taskStore) at(seq window.Seq, pool *taskPool) *task {
 	if len(s.chunks) == 0 {
 		s.base = seq &^ (chunkTasks - 1)
 	} else if seq < s.base {
-		panic("kpar: task store asked for a retired seq")
+		// Below every chunk held: add the chunks down to seq's.
+		k := int((s.base - seq&^(chunkTasks-1)) / chunkTasks)
+		below := make([]*taskChunk, k, k+len(s.chunks))
+		for i := range below {
+			below[i] = pool.get()
+		}
+		s.chunks = append(below, s.chunks...)
+		s.base -= window.Seq(k * chunkTasks)
 	}
 	i := int((seq - s.base) / chunkTasks)
 	for i >= len(s.chunks) {
@@ -50,6 +59,9 @@ func (s *taskStore) at(seq window.Seq, pool *taskPool) *task {
 func (s *taskStore) retire(win *window.Window, pool *taskPool) {
 	n := len(s.chunks)
 	if win.Len() > 0 {
+		if win.Head() < s.base {
+			return // the first chunk holds the task of a record above a run
+		}
 		n = min(n, int((win.Head()-s.base)/chunkTasks))
 	}
 	if n == 0 {

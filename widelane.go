@@ -102,6 +102,9 @@ func (e *engine) split(ps *partState, failed bool) {
 	if failed || e.cfg.ordering == Unordered {
 		ps.wideHold = 4 * e.cfg.windowRecords
 	}
+	// Runs give back the records they did not start, to split with the
+	// others.
+	ps.lanes.ExpandWide(e.giveBack)
 	before := e.ready.Len()
 	if e.cfg.ordering == Unordered {
 		ps.lanes.Split(noLane, e.ready.Push)
@@ -111,7 +114,9 @@ func (e *engine) split(ps *partState, failed bool) {
 	e.wake(e.ready.Len() - before)
 }
 
-func (e *engine) keyLane(t *task) (uint64, bool) { return e.laneOf(t), true }
+// keyLane is a task's key lane for Split; a record without a key (a run
+// gives such records back) needs none.
+func (e *engine) keyLane(t *task) (uint64, bool) { l := e.laneOf(t); return l, l != 0 }
 func noLane(*task) (uint64, bool)                { return 0, false }
 
 // unhashed is the lane of a keyed record whose key prepare left unhashed.

@@ -77,34 +77,49 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 	fast := perRecord < fastHandler
 	var shared *attemptCtx
 	at := start
-	ran := 0
+	ran, steps := 0, 0 // records run, and tasks (a run is one)
 	t := first
 	for {
 		if shared == nil && ran > 0 {
 			at = time.Now()
 		}
-		ran++
-		e.stamp(t, at)
-		actx := shared
-		if actx == nil {
-			actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
-			e.slots[slot].Store(actx)
-			if fast {
-				shared = actx
+		steps++
+		var next *task
+		if t.Value.run != nil {
+			done, err, timedOut, end := e.runRun(ctx, slot, t, at, &shared, fast)
+			ran += done
+			var backoff time.Duration
+			if err != nil {
+				ran++
+				backoff = e.observe(failedInRun(t, done), err)
 			}
+			e.mu.Lock()
+			e.running[slot] = slotRecord{}
+			next = e.finishRun(t, done, err, timedOut, end, backoff, at)
+		} else {
+			ran++
+			e.stamp(t, at)
+			actx := shared
+			if actx == nil {
+				actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
+				e.slots[slot].Store(actx)
+				if fast {
+					shared = actx
+				}
+			}
+			err := callHandler(actx, e.handler, t.Value.original())
+			timedOut := err != nil && actx.timedOut()
+			if actx != shared || actx.Err() != nil {
+				e.slots[slot].Store(nil)
+				shared = nil
+			}
+			backoff := e.observe(t, err)
+			e.mu.Lock()
+			e.running[slot] = slotRecord{}
+			next = e.finish(t, err, timedOut, backoff, at)
 		}
-		err := callHandler(actx, e.handler, t.Value.original())
-		timedOut := err != nil && actx.timedOut()
-		if actx != shared || actx.Err() != nil {
-			e.slots[slot].Store(nil)
-			shared = nil
-		}
-		backoff := e.observe(t, err)
-		e.mu.Lock()
-		e.running[slot] = slotRecord{}
-		next := e.finish(t, err, timedOut, backoff, at)
 		if next != nil {
-			if fast && ran < maxTake && next.Value.part.status == live && e.rate == nil {
+			if fast && steps < maxTake && next.Value.part.status == live && e.rate == nil {
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
@@ -116,7 +131,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			}
 			e.ready.Push(next)
 		}
-		if ran >= maxTake || e.stop || e.ready.Len() == 0 {
+		if steps >= maxTake || e.stop || e.ready.Len() == 0 {
 			break
 		}
 		var one [1]*task
@@ -131,7 +146,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 	if shared != nil {
 		e.slots[slot].Store(nil)
 	}
-	took := time.Since(start) / time.Duration(ran)
+	took := time.Since(start) / time.Duration(max(ran, 1))
 	if perRecord > time.Minute {
 		return took
 	}
@@ -274,7 +289,7 @@ func isLaned(o Order, t *task) bool {
 func (e *engine) runs(slot int, t *task) {
 	t.Value.attempts++
 	e.running[slot] = slotRecord{t, e.awake.tick}
-	if t.Wide() && t.Value.part.lanes.WideParked() > 0 {
+	if t.Wide() && (t.Value.part.lanes.WideParked() > 0 || t.Value.run != nil) {
 		e.watchWide() // records wait behind this one
 	}
 }
@@ -408,18 +423,24 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 // runs it or makes it ready. Called with mu held.
 func (e *engine) complete(t *task) (next *task) {
 	ps := t.Value.part
-	ps.win.Done(t.Value.seq)
-	ps.progress++
+	if t.Value.run == nil {
+		ps.win.Done(t.Value.seq)
+		ps.progress++
+	} // a run's records were marked finished by markRun
 	e.askCommit()
 	next = ps.lanes.Release(t)
-	e.release(ps, t)
+	if t.Value.run == nil {
+		e.release(ps, t)
+	} else {
+		t.Value.rec, t.Value.run.recs = nil, nil
+	}
 	// t is not used past this point: its chunk may be reused.
 	ps.tasks.retire(ps.win, &e.taskPool)
 	if held := ps.held.Len(); held > 0 {
 		// Refill a quarter window at a time: one wake-up, one pass.
 		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= held {
 			readyBefore := e.ready.Len()
-			ps.held.take(min(room, held), func(r *kgo.Record, m *recMeta) { e.enter(ps, r, m) })
+			ps.held.take(min(room, held), func(recs []*kgo.Record, meta []recMeta) { e.enterRecords(ps, recs, meta) })
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}
@@ -438,10 +459,14 @@ func (e *engine) release(ps *partState, t *task) {
 
 // releaseBytes returns the budget of a finished record of size bytes.
 // Called with mu held.
-func (e *engine) releaseBytes(ps *partState, size int64) {
+func (e *engine) releaseBytes(ps *partState, size int64) { e.releaseRecords(ps, size, 1) }
+
+// releaseRecords returns the budget of n finished records of size bytes
+// in all. Called with mu held.
+func (e *engine) releaseRecords(ps *partState, size int64, n int) {
 	ps.bytes -= size
 	e.bytes -= size
-	e.pending--
+	e.pending -= n
 	if ps.overBudget && ps.bytes-ps.waiting <= e.budgetShare()/2 {
 		ps.overBudget = false
 		e.syncPause(ps)

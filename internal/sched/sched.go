@@ -324,3 +324,56 @@ func (l *Lanes[T]) Parked() int {
 	}
 	return n
 }
+
+// ExpandWide rebuilds the wide lane's order when some of its tasks stand
+// for several records and must give some of them back as tasks of their
+// own: expand returns, for the lane's in-flight task and for each parked
+// one, the tasks to place right behind it, in order. The lane's order is
+// otherwise unchanged.
+func (l *Lanes[T]) ExpandWide(expand func(*Task[T]) []*Task[T]) {
+	if l.wideHolder == nil {
+		return
+	}
+	var q Queue[T]
+	add := func(ts []*Task[T]) {
+		for _, t := range ts {
+			t.wide, t.laned = true, true
+			q.Push(t)
+		}
+	}
+	add(expand(l.wideHolder))
+	for t := l.wideParked.Pop(); t != nil; t = l.wideParked.Pop() {
+		q.Push(t)
+		add(expand(t))
+	}
+	l.wideParked = q
+}
+
+// Replace gives old's turn on its lane (the wide lane or its key's lane),
+// in flight, to t. On the wide lane the tasks of front are then parked
+// right behind t, in order, before every task parked there already: old
+// stood for several tasks, the first of them failed, and the others must
+// keep their places. front must be empty unless old holds the wide lane.
+func (l *Lanes[T]) Replace(old, t *Task[T], front []*Task[T]) {
+	t.wide, t.laned, t.lane = old.wide, old.laned, old.lane
+	old.wide, old.laned = false, false
+	if !t.wide {
+		if len(front) > 0 {
+			panic("sched: Replace parks tasks behind a task that does not hold the wide lane")
+		}
+		return // a key lane is found by its key, not by its task
+	}
+	if l.wideHolder == old {
+		l.wideHolder = t
+	}
+	q := &l.wideParked
+	for j := len(front) - 1; j >= 0; j-- {
+		f := front[j]
+		f.wide, f.laned = true, true
+		f.next = q.head
+		if q.head = f; q.tail == nil {
+			q.tail = f
+		}
+		q.n++
+	}
+}

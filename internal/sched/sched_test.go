@@ -291,3 +291,85 @@ func TestWideLaneSplitsOutOfTheLanes(t *testing.T) {
 		}
 	}
 }
+
+// TestExpandWidePlacesEachTasksRecordsRightBehindIt: tasks standing for
+// several records give some back as tasks of their own, which the wide
+// lane then orders right behind the task they came from, the in-flight
+// one included.
+func TestExpandWidePlacesEachTasksRecordsRightBehindIt(t *testing.T) {
+	var l Lanes[int]
+	ts := make([]Task[int], 3)    // 0 in flight, 1 and 2 parked
+	extra := make([]Task[int], 4) // 10, 11 behind 0; 20 behind 1; 21 behind 2
+	for i := range ts {
+		ts[i].Value = i
+		l.AdmitWide(&ts[i])
+	}
+	for i, v := range []int{10, 11, 20, 21} {
+		extra[i].Value = v
+	}
+	l.ExpandWide(func(t *Task[int]) []*Task[int] {
+		switch t.Value {
+		case 0:
+			return []*Task[int]{&extra[0], &extra[1]}
+		case 1:
+			return []*Task[int]{&extra[2]}
+		case 2:
+			return []*Task[int]{&extra[3]}
+		}
+		return nil
+	})
+	if l.WideParked() != 6 {
+		t.Fatalf("WideParked = %d, want 6", l.WideParked())
+	}
+	var order []int
+	for cur := &ts[0]; cur != nil; cur = l.Release(cur) {
+		if !cur.Wide() {
+			t.Fatalf("task %d is not on the wide lane", cur.Value)
+		}
+		order = append(order, cur.Value)
+	}
+	if want := []int{0, 10, 11, 1, 20, 2, 21}; !equal(order, want) {
+		t.Fatalf("wide lane order = %v, want %v", order, want)
+	}
+}
+
+// TestReplaceHandsTheTurnOver: a task replaced in flight gives its turn to
+// the new task; on the wide lane the front tasks wait right behind it,
+// before the tasks parked there already; on a key lane the replacement
+// releases the lane as its predecessor would have.
+func TestReplaceHandsTheTurnOver(t *testing.T) {
+	t.Run("wide", func(t *testing.T) {
+		var l Lanes[int]
+		old, parked, repl := &Task[int]{Value: 0}, &Task[int]{Value: 9}, &Task[int]{Value: 1}
+		front := []*Task[int]{{Value: 2}, {Value: 3}}
+		l.AdmitWide(old)
+		l.AdmitWide(parked)
+		l.Replace(old, repl, front)
+		if old.Wide() || l.Release(old) != nil {
+			t.Fatal("the replaced task still holds the wide lane")
+		}
+		var order []int
+		for cur := repl; cur != nil; cur = l.Release(cur) {
+			order = append(order, cur.Value)
+		}
+		if want := []int{1, 2, 3, 9}; !equal(order, want) {
+			t.Fatalf("wide lane order = %v, want %v", order, want)
+		}
+		if l.Busy() != 0 {
+			t.Fatalf("Busy = %d after the lane drained", l.Busy())
+		}
+	})
+	t.Run("key", func(t *testing.T) {
+		var l Lanes[int]
+		old, parked, repl := &Task[int]{Value: 0}, &Task[int]{Value: 9}, &Task[int]{Value: 1}
+		l.Admit(old, 7)
+		l.Admit(parked, 7)
+		l.Replace(old, repl, nil)
+		if next := l.Release(repl); next != parked {
+			t.Fatalf("Release(replacement) = %v, want the parked task", next)
+		}
+		if l.Release(parked) != nil || l.Busy() != 0 {
+			t.Fatal("the key lane did not drain")
+		}
+	})
+}
