@@ -29,8 +29,8 @@
 // Unordered runs anything. Ordering never blocks the worker pool: records of a busy key
 // wait in that key's queue while workers take other keys. (While the handler
 // is cheap, ByKey and Unordered run a partition's records one after another,
-// which costs less; a record that fails or runs long ends that at once: see
-// ByKey.)
+// and a worker takes up to 64 of them at a time, which costs less; a record
+// that fails or runs long ends that at once: see ByKey.)
 //
 // # Failures
 //

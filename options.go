@@ -29,7 +29,10 @@ const (
 	// partitions still run in parallel. A record that fails, or runs for a
 	// millisecond with others waiting behind it, or a worker left idle
 	// while the partition has records waiting, turns the partition back to
-	// one record per key at once.
+	// one record per key at once. While the handler is tiny, in every
+	// mode, a worker also takes up to 64 consecutive records of a
+	// partition as one unit and marks them finished together when it
+	// ends them (or, for a record running a millisecond, sooner).
 	ByKey Order = iota
 	// ByPartition handles the records of a partition one at a time, in
 	// offset order: the classic consumer, with partitions in parallel.
