@@ -203,7 +203,8 @@ type PartitionStats struct {
 	Finished int
 	// InFlight counts records handed to workers and not finished: those a
 	// handler runs now, and those queued behind them in the same worker
-	// (a worker with a fast handler takes up to 64 at once).
+	// (a worker with a fast handler takes up to 64 at once, and a worker
+	// running a record run holds up to 64 records of it).
 	InFlight int
 	// Paused reports whether fetching is paused: the window is full, or
 	// the partition holds more than its share of a used-up

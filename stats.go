@@ -9,6 +9,14 @@ import (
 func (e *engine) stats() []PartitionStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// A record run in flight holds the records its worker has not
+	// started yet too.
+	queued := map[*partState]int{}
+	for _, r := range e.running {
+		if r.t != nil && r.t.Value.run != nil {
+			queued[r.t.Value.part] += r.t.Value.run.left()
+		}
+	}
 	out := make([]PartitionStats, 0, len(e.parts))
 	for _, ps := range e.parts {
 		start, ok := ps.win.Start()
@@ -24,7 +32,7 @@ func (e *engine) stats() []PartitionStats {
 			Buffered:  ps.win.Len(),
 			Held:      ps.held.Len(),
 			Finished:  ps.win.FinishedAbove(),
-			InFlight:  ps.running,
+			InFlight:  ps.running + queued[ps],
 			Paused:    ps.paused,
 
 			CommittedFinished: ps.committedMeta,
