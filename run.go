@@ -185,21 +185,8 @@ func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, sh
 				h.OnRecordDispatched(r, 1)
 			}
 		}
-		actx := *shared
-		if actx == nil {
-			actx = &attemptCtx{Context: ctx, deadline: started.Add(e.cfg.attemptTimeout), task: t, attempt: 1}
-			e.slots[slot].Store(actx)
-			if fast {
-				*shared = actx
-			}
-		}
-		err = callHandler(actx, e.handler, r)
-		timedOut = err != nil && actx.timedOut()
-		if actx != *shared || actx.Err() != nil {
-			e.slots[slot].Store(nil)
-			*shared = nil
-		}
-		if err != nil {
+		// t.Value.attempts is 1: a run is taken once (runs).
+		if err, timedOut = e.attempt(ctx, slot, t, r, started, shared, fast); err != nil {
 			_, end = run.cut(i + 1)
 			return done, err, timedOut, end
 		}

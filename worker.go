@@ -99,20 +99,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 		} else {
 			ran++
 			e.stamp(t, at)
-			actx := shared
-			if actx == nil {
-				actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
-				e.slots[slot].Store(actx)
-				if fast {
-					shared = actx
-				}
-			}
-			err := callHandler(actx, e.handler, t.Value.original())
-			timedOut := err != nil && actx.timedOut()
-			if actx != shared || actx.Err() != nil {
-				e.slots[slot].Store(nil)
-				shared = nil
-			}
+			err, timedOut := e.attempt(ctx, slot, t, t.Value.original(), at, &shared, fast)
 			backoff := e.observe(t, err)
 			e.mu.Lock()
 			e.running[slot] = slotRecord{}
@@ -151,6 +138,28 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 		return took
 	}
 	return (perRecord*3 + took) / 4
+}
+
+// attempt runs the handler on r, the record of task t or one of t's run,
+// from at: in the worker's shared attempt context while the handler is
+// fast (and that context was not cancelled), else in one of its own.
+// Called without mu.
+func (e *engine) attempt(ctx context.Context, slot int, t *task, r *kgo.Record, at time.Time, shared **attemptCtx, fast bool) (err error, timedOut bool) {
+	actx := *shared
+	if actx == nil {
+		actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
+		e.slots[slot].Store(actx)
+		if fast {
+			*shared = actx
+		}
+	}
+	err = callHandler(actx, e.handler, r)
+	timedOut = err != nil && actx.timedOut()
+	if actx != *shared || actx.Err() != nil {
+		e.slots[slot].Store(nil)
+		*shared = nil
+	}
+	return err, timedOut
 }
 
 // runBatch runs the batch handler once on every taken record and returns
