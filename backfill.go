@@ -101,14 +101,21 @@ type BackfillResult struct {
 // Readers sets how many readers Backfill runs per partition, each with its
 // own client reading its own slice of the range, overriding the default 1.
 // Readers add fetch parallelism; Concurrency bounds the handlers across all
-// of them. Backfill only: New rejects it.
-func Readers(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.readers = n }) }
+// of them.
+func Readers(n int) BackfillOpt { return backfillOpt(func(c *cfg) { c.readers = n }) }
 
 // ProgressFile makes Backfill keep its progress in the file at path, and
 // resume from it: see Backfill. Default: none (progress lives in memory and
-// a new call starts over). Backfill only: New rejects it.
-func ProgressFile(path string) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.progressFile = path })
+// a new call starts over).
+func ProgressFile(path string) BackfillOpt {
+	return backfillOpt(func(c *cfg) { c.progressFile = path })
+}
+
+// ProgressInterval sets the least time between two saves of the
+// ProgressFile, overriding the default 1s: a save is an fsynced file
+// write, and a crash repeats what finished since the last one.
+func ProgressInterval(d time.Duration) BackfillOpt {
+	return backfillOpt(func(c *cfg) { c.progressInterval = d })
 }
 
 // maxReaders bounds Readers: each reader is a client with its connections.
@@ -149,7 +156,7 @@ const maxReaders = 256
 //
 // Errors wrapping ErrBadRange name what is wrong with r; a cancelled call
 // returns an error wrapping ctx.Err() with the result so far.
-func Backfill(ctx context.Context, h Handler, r Range, opts ...ConsumerOpt) (BackfillResult, error) {
+func Backfill(ctx context.Context, h Handler, r Range, opts ...BackfillOpt) (BackfillResult, error) {
 	start := time.Now()
 	if h == nil {
 		return BackfillResult{}, errors.New("kpar: nil handler: pass a Handler (or HandlerFunc) to Backfill")
@@ -210,12 +217,9 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...ConsumerOpt) (Bac
 // backfillConfig applies opts and checks them. It reuses the Consumer's
 // validation, standing in the range's topic (and a group name when none was
 // given) for the options a Consumer requires and a backfill does not.
-func backfillConfig(r Range, opts []ConsumerOpt) (*cfg, error) {
+func backfillConfig(r Range, opts []BackfillOpt) (*cfg, error) {
 	c := defaultCfg()
 	c.backfill = true
-	// CommitInterval paces the fsynced progress file here, not broker
-	// commits: its default is a second.
-	c.commitInterval = time.Second
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -230,6 +234,8 @@ func backfillConfig(r Range, opts []ConsumerOpt) (*cfg, error) {
 		return nil, errors.New("kpar: RetryTopics is not supported by Backfill: failed records go to DeadLetters after MaxAttempts")
 	case c.rateLimit.on || c.keyRateLimit.on:
 		return nil, errors.New("kpar: RateLimit and KeyRateLimit are not supported by Backfill: bound its pace with Concurrency")
+	case c.progressInterval <= 0:
+		return nil, fmt.Errorf("kpar: ProgressInterval(%v) out of range: want more than 0", c.progressInterval)
 	case c.readers < 1 || c.readers > maxReaders:
 		return nil, fmt.Errorf("kpar: Readers(%d) out of range: want 1 to %d", c.readers, maxReaders)
 	}
@@ -837,7 +843,7 @@ func (b *backfill) deadLetterWriter(ctx context.Context) {
 
 // saver saves the progress when it moved, at most once per CommitInterval.
 func (b *backfill) saver(ctx context.Context) {
-	t := time.NewTicker(b.cfg.commitInterval)
+	t := time.NewTicker(b.cfg.progressInterval)
 	defer t.Stop()
 	for {
 		select {

@@ -23,13 +23,13 @@ import (
 
 // backfillOpts are the options every backfill test shares: fast retries
 // and progress saves.
-func backfillOpts(c *kfake.Cluster, extra ...ConsumerOpt) []ConsumerOpt {
+func backfillOpts(c *kfake.Cluster, extra ...BackfillOpt) []BackfillOpt {
 	logger := testLogger()
-	return append([]ConsumerOpt{
+	return append([]BackfillOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
 		RetryBackoff(time.Millisecond, 5*time.Millisecond),
-		CommitInterval(20 * time.Millisecond),
+		ProgressInterval(20 * time.Millisecond),
 		ShutdownTimeout(10 * time.Second),
 	}, extra...)
 }
@@ -170,7 +170,7 @@ func TestBackfillRejectsBadRanges(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		r    Range
-		opts []ConsumerOpt
+		opts []BackfillOpt
 		want string
 	}{
 		{"from not below to", Range{Topic: "bf", From: AtOffset(50), To: AtOffset(50)}, nil, "from offset 50 is not below to offset 50"},
@@ -180,7 +180,7 @@ func TestBackfillRejectsBadRanges(t *testing.T) {
 		{"unknown partition", Range{Topic: "bf", Partitions: []int32{0, 7}, From: AtOffset(0), To: AtOffset(1)}, nil, "unknown partition 7"},
 		{"time after every record", Range{Topic: "bf", From: AtTime(future), To: AtTime(future.Add(time.Hour))}, nil, "resolves to no offset"},
 		{"times reversed", Range{Topic: "bf", From: AtTime(future), To: AtTime(future.Add(-time.Hour))}, nil, "is not before to time"},
-		{"progress of another range", Range{Topic: "bf", From: AtOffset(0), To: AtOffset(10)}, []ConsumerOpt{ProgressFile(otherFile)}, "holds the progress of topic \"other\""},
+		{"progress of another range", Range{Topic: "bf", From: AtOffset(0), To: AtOffset(10)}, []BackfillOpt{ProgressFile(otherFile)}, "holds the progress of topic \"other\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var handled atomic.Int64
@@ -355,7 +355,7 @@ func TestBackfillSavesProgressAtMostOncePerInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "p.json")
 		c := defaultCfg()
-		c.commitInterval = time.Second
+		c.progressInterval = time.Second
 		state := &progress.State{
 			Range:  progress.Range{Topic: "t", From: "0", To: "100"},
 			Slices: []progress.Slice{{Partition: 0, From: 0, To: 100}},

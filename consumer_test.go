@@ -516,19 +516,53 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}
 }
 
-// TestOptionKinds: RunMembers takes GroupOpt, so the engine's own options
-// do not compile there; the options valid everywhere are Opt.
+// TestOptionKinds: each option is accepted exactly by the entry points that
+// honour it (the table on the option kinds in options.go), so passing one
+// where it would be ignored does not compile.
 func TestOptionKinds(t *testing.T) {
-	for name, o := range map[string]ConsumerOpt{"Concurrency": Concurrency(1), "Ordering": Ordering(ByKey),
-		"BatchSize": BatchSize(1), "WindowRecords": WindowRecords(8), "CommitInterval": CommitInterval(time.Second),
-		"MaxAttempts": MaxAttempts(1), "DeadLetters": DeadLetters(nil), "RetryTopics": RetryTopics()} {
-		if _, ok := o.(GroupOpt); ok {
-			t.Errorf("%s is a GroupOpt: RunMembers would accept and ignore it", name)
+	const (
+		consumer   = 1 << iota // New, NewBatch
+		backfill               // Backfill
+		member                 // RunMembers
+		everywhere = consumer | backfill | member
+		flow       = consumer | backfill
+		group      = consumer | member
+	)
+	for name, tc := range map[string]struct {
+		o    option
+		want int
+	}{
+		"Brokers": {Brokers(), everywhere}, "ClientOptions": {ClientOptions(), everywhere},
+		"Group": {Group("g"), everywhere}, "ShutdownTimeout": {ShutdownTimeout(1), everywhere},
+		"RetryBackoff": {RetryBackoff(1, 1), everywhere}, "WithLogger": {WithLogger(nil), everywhere},
+		"WithHooks": {WithHooks(), everywhere},
+		"Topics":    {Topics(), group}, "TopicRegex": {TopicRegex(), group}, "InstanceID": {InstanceID("i"), group},
+		"Concurrency": {Concurrency(1), flow}, "WindowRecords": {WindowRecords(8), flow},
+		"MaxBufferedBytes": {MaxBufferedBytes(1), flow}, "AdaptiveConcurrency": {AdaptiveConcurrency(), flow},
+		"RateLimit": {RateLimit(1, 1), flow}, "KeyRateLimit": {KeyRateLimit(1, 1), flow},
+		"MaxAttempts": {MaxAttempts(1), flow}, "AttemptTimeout": {AttemptTimeout(1), flow},
+		"StuckAfter": {StuckAfter(1), flow}, "DeadLetters": {DeadLetters(nil), flow},
+		"Ordering": {Ordering(ByKey), consumer}, "BatchSize": {BatchSize(1), consumer},
+		"CommitInterval": {CommitInterval(1), consumer}, "CommitMetadataBytes": {CommitMetadataBytes(1), consumer},
+		"RevokeTimeout": {RevokeTimeout(1), consumer}, "RetryTopics": {RetryTopics(), consumer},
+		"ShareGroup": {ShareGroup("s"), consumer},
+		"Readers":    {Readers(1), backfill}, "ProgressFile": {ProgressFile("f"), backfill},
+		"ProgressInterval": {ProgressInterval(1), backfill},
+	} {
+		got := 0
+		if _, ok := tc.o.(ConsumerOpt); ok {
+			got |= consumer
+		}
+		if _, ok := tc.o.(BackfillOpt); ok {
+			got |= backfill
+		}
+		if _, ok := tc.o.(MemberOpt); ok {
+			got |= member
+		}
+		if got != tc.want {
+			t.Errorf("%s is accepted by %03b (consumer, backfill, member from the right); want %03b", name, got, tc.want)
 		}
 	}
-	var _ Opt = Brokers()
-	var _ Opt = WithLogger(nil)
-	var _ Opt = RetryBackoff(1, 1)
 }
 
 // TestOrderText: Order round-trips through its text form, for flag.TextVar.

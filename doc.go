@@ -68,11 +68,13 @@
 //
 // # Options
 //
-// Options are checked at compile time where they apply: an Opt goes
-// anywhere, a GroupOpt wherever a group member runs (New and RunMembers), a
-// ConsumerOpt only to New and NewBatch. Every default is written on its
-// option and set in one place; New validates all options together and names
-// the offending one.
+// Options are checked at compile time where they apply: New and NewBatch
+// take a ConsumerOpt, Backfill a BackfillOpt, RunMembers a MemberOpt; an Opt
+// goes anywhere, a FlowOpt (the pipeline's rules: concurrency, limits,
+// retries, dead letters) to New and Backfill, a GroupOpt (membership) to New
+// and RunMembers. Every default is written on its option and set in one
+// place; New validates all options together, names the offending one, and
+// refuses a combination it cannot honour rather than ignoring an option.
 //
 // # Rebalances and shutdown
 //

@@ -23,8 +23,8 @@ const membersPollRecords = 500
 // cancelled or a member fails fatally.
 //
 // Each member is its own franz-go client built from the same options.
-// RunMembers takes the GroupOpt options only — Group, Topics, TopicRegex and
-// the Opt ones valid everywhere (Brokers, ClientOptions, RetryBackoff,
+// RunMembers takes the MemberOpt options only — Group, Topics, TopicRegex,
+// InstanceID and the Opt ones valid everywhere (Brokers, ClientOptions, RetryBackoff,
 // ShutdownTimeout, WithLogger, WithHooks) — so passing one it would ignore,
 // such as Concurrency, does not compile. A member handles
 // its records one at a time, in offset order, and commits after handling
@@ -43,7 +43,7 @@ const membersPollRecords = 500
 //
 // RunMembers returns nil after a clean shutdown, or the first fatal error
 // (such as an authentication failure), after every member has stopped.
-func RunMembers(ctx context.Context, n int, h Handler, opts ...GroupOpt) error {
+func RunMembers(ctx context.Context, n int, h Handler, opts ...MemberOpt) error {
 	if n < 1 || n > 1<<10 {
 		return fmt.Errorf("kpar: RunMembers(n=%d) out of range: want 1 to 1024", n)
 	}

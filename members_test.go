@@ -125,12 +125,12 @@ func TestRunMembersRejectsBadArguments(t *testing.T) {
 		name string
 		n    int
 		h    kpar.Handler
-		opts []kpar.GroupOpt
+		opts []kpar.MemberOpt
 		want string
 	}{
-		{"zero members", 0, h, []kpar.GroupOpt{kpar.Brokers("127.0.0.1:1"), kpar.Group("g"), kpar.Topics("t")}, "RunMembers(n=0)"},
-		{"nil handler", 1, nil, []kpar.GroupOpt{kpar.Brokers("127.0.0.1:1"), kpar.Group("g"), kpar.Topics("t")}, "nil handler"},
-		{"no group", 1, h, []kpar.GroupOpt{kpar.Brokers("127.0.0.1:1"), kpar.Topics("t")}, "no group"},
+		{"zero members", 0, h, []kpar.MemberOpt{kpar.Brokers("127.0.0.1:1"), kpar.Group("g"), kpar.Topics("t")}, "RunMembers(n=0)"},
+		{"nil handler", 1, nil, []kpar.MemberOpt{kpar.Brokers("127.0.0.1:1"), kpar.Group("g"), kpar.Topics("t")}, "nil handler"},
+		{"no group", 1, h, []kpar.MemberOpt{kpar.Brokers("127.0.0.1:1"), kpar.Topics("t")}, "no group"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := kpar.RunMembers(context.Background(), tc.n, tc.h, tc.opts...)

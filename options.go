@@ -73,40 +73,89 @@ func (o *Order) UnmarshalText(b []byte) error {
 	return fmt.Errorf("kpar: unknown ordering %q: use key, partition or unordered", b)
 }
 
-// Options come in three kinds, told apart at compile time as in franz-go:
-// an Opt is valid everywhere, a GroupOpt wherever a group member runs (New
-// and RunMembers), a ConsumerOpt only for the Consumer of New and NewBatch.
-// Each is also the wider kinds, so New takes every option and RunMembers
-// rejects, when the program is compiled, the options it would not honour.
-// The interfaces are sealed: only this package implements them.
+// Options come in kinds, told apart at compile time as in franz-go, so that
+// an option an entry point would not honour does not compile there:
+//
+//	             New, NewBatch   Backfill   RunMembers
+//	Opt                yes          yes        yes
+//	FlowOpt            yes          yes
+//	GroupOpt           yes                     yes
+//	ConsumerOpt        yes
+//	BackfillOpt                     yes
+//
+// New and NewBatch take ConsumerOpt, Backfill BackfillOpt, RunMembers
+// MemberOpt; Opt, FlowOpt and GroupOpt are each several of those at once.
+// A rule that compiles where it cannot hold for the configuration as a
+// whole (RetryTopics with ShareGroup, say) is refused by New with an error
+// that says why: no option is ever silently ignored. The interfaces are
+// sealed: only this package implements them.
 
-// ConsumerOpt configures a Consumer: New and NewBatch take every option.
-// Options are applied in order; later ones win.
-type ConsumerOpt interface{ apply(*cfg) }
+// option is what every option is: a change to the configuration.
+type option interface{ apply(*cfg) }
 
-// GroupOpt configures every group member: a Consumer and the members of
-// RunMembers.
-type GroupOpt interface {
-	ConsumerOpt
-	groupOpt()
+// ConsumerOpt configures the Consumer of New and NewBatch. Options are
+// applied in order; later ones win.
+type ConsumerOpt interface {
+	option
+	consumerOpt()
 }
 
-// Opt is an option valid everywhere: New, NewBatch and RunMembers.
+// BackfillOpt configures a Backfill.
+type BackfillOpt interface {
+	option
+	backfillOpt()
+}
+
+// MemberOpt configures the members of RunMembers.
+type MemberOpt interface {
+	option
+	memberOpt()
+}
+
+// FlowOpt is a flow rule of the pipeline that every source shares
+// (concurrency, limits, retries, dead letters, stuck reports): valid for
+// New, NewBatch and Backfill.
+type FlowOpt interface {
+	ConsumerOpt
+	BackfillOpt
+}
+
+// GroupOpt configures consumer-group membership: valid for New, NewBatch
+// and RunMembers.
+type GroupOpt interface {
+	ConsumerOpt
+	MemberOpt
+}
+
+// Opt is valid everywhere: New, NewBatch, Backfill and RunMembers.
 type Opt interface {
-	GroupOpt
+	ConsumerOpt
+	BackfillOpt
+	MemberOpt
 }
 
 type (
 	opt         func(*cfg) // an Opt
+	flowOpt     func(*cfg) // a FlowOpt
 	groupOpt    func(*cfg) // a GroupOpt
 	consumerOpt func(*cfg) // a ConsumerOpt
+	backfillOpt func(*cfg) // a BackfillOpt
 )
 
 func (o opt) apply(c *cfg)         { o(c) }
-func (opt) groupOpt()              {}
+func (opt) consumerOpt()           {}
+func (opt) backfillOpt()           {}
+func (opt) memberOpt()             {}
+func (o flowOpt) apply(c *cfg)     { o(c) }
+func (flowOpt) consumerOpt()       {}
+func (flowOpt) backfillOpt()       {}
 func (o groupOpt) apply(c *cfg)    { o(c) }
-func (groupOpt) groupOpt()         {}
+func (groupOpt) consumerOpt()      {}
+func (groupOpt) memberOpt()        {}
 func (o consumerOpt) apply(c *cfg) { o(c) }
+func (consumerOpt) consumerOpt()   {}
+func (o backfillOpt) apply(c *cfg) { o(c) }
+func (backfillOpt) backfillOpt()   {}
 
 type cfg struct {
 	brokers    []string
@@ -146,10 +195,11 @@ type cfg struct {
 
 	batch bool // set by NewBatch
 
-	// Backfill only (backfill.go); New rejects them.
-	backfill     bool // set by Backfill
-	readers      int
-	progressFile string
+	// Backfill only (backfill.go): BackfillOpts.
+	backfill         bool // set by Backfill
+	readers          int
+	progressFile     string
+	progressInterval time.Duration
 }
 
 func defaultCfg() cfg {
@@ -169,6 +219,7 @@ func defaultCfg() cfg {
 		rateLimit:           rateSpec{}, // off: starts are bounded by Concurrency alone
 		keyRateLimit:        rateSpec{}, // off
 		readers:             1,
+		progressInterval:    time.Second,
 		attemptTimeout:      30 * time.Second,
 		logger:              slog.New(slog.DiscardHandler),
 	}
@@ -191,8 +242,10 @@ func ClientOptions(opts ...kgo.Opt) Opt {
 	return opt(func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) })
 }
 
-// Group sets the consumer group. Required.
-func Group(name string) GroupOpt { return groupOpt(func(c *cfg) { c.group = name }) }
+// Group sets the consumer group: required by New (unless ShareGroup is
+// given) and RunMembers. Backfill joins no group; there it only names the
+// group in dead letters.
+func Group(name string) Opt { return opt(func(c *cfg) { c.group = name }) }
 
 // Topics sets the topics to consume. Required.
 func Topics(topics ...string) GroupOpt {
@@ -208,7 +261,7 @@ func TopicRegex() GroupOpt { return groupOpt(func(c *cfg) { c.regex = true }) }
 // handler takes under 20µs a record, no more workers than GOMAXPROCS are
 // kept awake, besides any stuck for a millisecond in a handler: more could
 // not run at once and would only queue at the engine's lock.
-func Concurrency(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.concurrency = n }) }
+func Concurrency(n int) FlowOpt { return flowOpt(func(c *cfg) { c.concurrency = n }) }
 
 // Ordering sets which records may be handled at the same time, overriding
 // the default ByKey.
@@ -225,14 +278,14 @@ func BatchSize(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.batchSiz
 // the partition's fetches (at least one window's worth, at most eight);
 // beyond that the partition is paused. It also bounds the duplicates a
 // crash can cause per partition.
-func WindowRecords(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.windowRecords = n }) }
+func WindowRecords(n int) FlowOpt { return flowOpt(func(c *cfg) { c.windowRecords = n }) }
 
 // MaxBufferedBytes bounds the key, value and header bytes of all records
 // held across partitions, overriding the default 64 MiB. While the bound
 // is reached, the partitions holding more than their share of it are paused
 // (until they hold half their share) and the others are still fetched;
 // fetching stops only when every partition is paused.
-func MaxBufferedBytes(n int64) ConsumerOpt { return consumerOpt(func(c *cfg) { c.maxBytes = n }) }
+func MaxBufferedBytes(n int64) FlowOpt { return flowOpt(func(c *cfg) { c.maxBytes = n }) }
 
 // defaultCommitInterval is CommitInterval's default; see CommitInterval.
 const defaultCommitInterval = 5 * time.Millisecond
@@ -273,7 +326,7 @@ func CommitMetadataBytes(n int) ConsumerOpt {
 // window (fetching pauses as usual) and burn no attempts; an Overloaded
 // failure does not count against MaxAttempts either. Consumer.ConcurrencyLimit reports the
 // limit. Default: off (Concurrency attempts at most, always).
-func AdaptiveConcurrency() ConsumerOpt { return consumerOpt(func(c *cfg) { c.adaptive = true }) }
+func AdaptiveConcurrency() FlowOpt { return flowOpt(func(c *cfg) { c.adaptive = true }) }
 
 // RateLimit bounds how many handler attempts start per second across the
 // Consumer, all partitions together: a token bucket of burst tokens that
@@ -285,8 +338,8 @@ func AdaptiveConcurrency() ConsumerOpt { return consumerOpt(func(c *cfg) { c.ada
 // spell. The drain after Run's context ends keeps to the limit too: the
 // buffered records then take their time, bounded by ShutdownTimeout.
 // Default: off.
-func RateLimit(perSecond float64, burst int) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.rateLimit = rateSpec{perSecond, burst, true} })
+func RateLimit(perSecond float64, burst int) FlowOpt {
+	return flowOpt(func(c *cfg) { c.rateLimit = rateSpec{perSecond, burst, true} })
 }
 
 // KeyRateLimit bounds how many handler attempts start per second for each
@@ -304,8 +357,8 @@ func RateLimit(perSecond float64, burst int) ConsumerOpt {
 // that refilled equals a fresh one and is forgotten; past the bound, the
 // least recently used key's bucket is forgotten first, and that key may
 // then start up to burst records early. Default: off.
-func KeyRateLimit(perSecond float64, burst int) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.keyRateLimit = rateSpec{perSecond, burst, true} })
+func KeyRateLimit(perSecond float64, burst int) FlowOpt {
+	return flowOpt(func(c *cfg) { c.keyRateLimit = rateSpec{perSecond, burst, true} })
 }
 
 // InstanceID makes the consumer a static group member (KIP-345) with this
@@ -342,28 +395,28 @@ func RetryBackoff(base, max time.Duration) Opt {
 // Without a dead-letter sink and retry topics, a record whose attempts are
 // exhausted keeps being retried (at the capped backoff): kpar never skips a
 // record it could not put somewhere durable.
-func MaxAttempts(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.maxAttempts = n }) }
+func MaxAttempts(n int) FlowOpt { return flowOpt(func(c *cfg) { c.maxAttempts = n }) }
 
 // AttemptTimeout bounds one handler attempt, overriding the default 30s.
 // Past it the attempt's context is cancelled and the attempt counts as
 // failed (class timeout); a handler that ignores its context keeps its
 // worker until it returns.
-func AttemptTimeout(d time.Duration) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.attemptTimeout = d })
+func AttemptTimeout(d time.Duration) FlowOpt {
+	return flowOpt(func(c *cfg) { c.attemptTimeout = d })
 }
 
 // StuckAfter sets how long a partition's window start may stay on one
 // unfinished record before kpar reports it (log and HookRecordStuck),
 // overriding the default of twice AttemptTimeout; 0 keeps that default.
-func StuckAfter(d time.Duration) ConsumerOpt { return consumerOpt(func(c *cfg) { c.stuckAfter = d }) }
+func StuckAfter(d time.Duration) FlowOpt { return flowOpt(func(c *cfg) { c.stuckAfter = d }) }
 
 // DeadLetters sets the sink that receives records kpar gives up on: a
 // Permanent error, or attempts exhausted on the last retry topic. A record
 // is finished (committable) only once the sink acknowledged it; while the
 // sink fails, the record stays unfinished and its window start holds.
 // Default: none (records are retried until they succeed).
-func DeadLetters(s deadletter.Sink) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.deadLetters = s })
+func DeadLetters(s deadletter.Sink) FlowOpt {
+	return flowOpt(func(c *cfg) { c.deadLetters = s })
 }
 
 // RetryTopics enables non-blocking retries through topics: a record whose
@@ -383,9 +436,6 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) 
 func WithHooks(hooks ...Hook) Opt { return opt(func(c *cfg) { c.hooks = append(c.hooks, hooks...) }) }
 
 func (c *cfg) validate() error {
-	if !c.backfill && (c.readers != 1 || c.progressFile != "") {
-		return fmt.Errorf("kpar: Readers and ProgressFile apply to Backfill only")
-	}
 	if c.shareGroup != "" {
 		if err := c.validateShare(); err != nil {
 			return err

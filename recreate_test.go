@@ -147,9 +147,9 @@ func produceValues(t *testing.T, c interface{ ListenAddrs() []string }, topic, p
 }
 
 // groupOpts are testOpts' counterparts for RunMembers.
-func groupOpts(c *kfake.Cluster, group, topic string) []GroupOpt {
+func groupOpts(c *kfake.Cluster, group, topic string) []MemberOpt {
 	logger := testLogger()
-	return []GroupOpt{
+	return []MemberOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
 		Group(group),
@@ -165,6 +165,6 @@ func groupOpts(c *kfake.Cluster, group, topic string) []GroupOpt {
 
 // runMembers runs RunMembers in the background; stop cancels it and
 // returns its error.
-func runMembers(t *testing.T, n int, h Handler, opts ...GroupOpt) (stop func() error) {
+func runMembers(t *testing.T, n int, h Handler, opts ...MemberOpt) (stop func() error) {
 	return testkit.Start(t, "RunMembers", func(ctx context.Context) error { return RunMembers(ctx, n, h, opts...) })
 }

@@ -110,16 +110,18 @@ exits 1.`, stderr)
 	}
 	defer closeSink()
 
-	opts := []kpar.ConsumerOpt{
+	opts := []kpar.BackfillOpt{
 		kpar.Brokers(seeds...),
 		kpar.ClientOptions(secOpts...),
 		kpar.Readers(*readers),
 		kpar.Concurrency(*concurrency),
-		kpar.CommitInterval(*progressInterval),
+		kpar.ProgressInterval(*progressInterval),
 		kpar.DeadLetters(dl),
 		kpar.WithLogger(log),
 	}
-	opts = append(opts, att.opts()...)
+	for _, o := range att.opts() {
+		opts = append(opts, o)
+	}
 	if *progressFile != "" {
 		opts = append(opts, kpar.ProgressFile(*progressFile))
 	}

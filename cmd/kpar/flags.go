@@ -172,8 +172,8 @@ func (a attemptFlags) check(fs *flagSet) (code int, ok bool) {
 }
 
 // opts are the kpar options the flags set.
-func (a attemptFlags) opts() []kpar.ConsumerOpt {
-	return []kpar.ConsumerOpt{
+func (a attemptFlags) opts() []kpar.FlowOpt {
+	return []kpar.FlowOpt{
 		kpar.MaxAttempts(*a.maxAttempts),
 		kpar.RetryBackoff(*a.backoff, *a.backoffMax),
 		kpar.AttemptTimeout(*a.timeout),

@@ -273,8 +273,12 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		kpar.WithLogger(log),
 	}
 	opts = append(opts, membership...)
-	opts = append(opts, att.opts()...)
-	opts = append(opts, rateOpts...)
+	for _, o := range att.opts() {
+		opts = append(opts, o)
+	}
+	for _, o := range rateOpts {
+		opts = append(opts, o)
+	}
 	if *adaptive {
 		opts = append(opts, kpar.AdaptiveConcurrency())
 	}
@@ -689,12 +693,12 @@ func redactURL(raw string) string {
 
 // rateFlags checks --rate-limit, --key-rate-limit and their bursts and
 // turns them into options.
-func rateFlags(fs *flagSet, rate float64, burst int, keyRate float64, keyBurst int) (opts []kpar.ConsumerOpt, code int, ok bool) {
+func rateFlags(fs *flagSet, rate float64, burst int, keyRate float64, keyBurst int) (opts []kpar.FlowOpt, code int, ok bool) {
 	for _, f := range []struct {
 		name, burstName string
 		rate            float64
 		burst           int
-		opt             func(float64, int) kpar.ConsumerOpt
+		opt             func(float64, int) kpar.FlowOpt
 	}{
 		{"rate-limit", "rate-burst", rate, burst, kpar.RateLimit},
 		{"key-rate-limit", "key-rate-burst", keyRate, keyBurst, kpar.KeyRateLimit},
