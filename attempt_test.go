@@ -2,7 +2,6 @@ package kpar
 
 import (
 	"context"
-	"log/slog"
 	"runtime"
 	"testing"
 	"testing/synctest"
@@ -30,13 +29,7 @@ func TestBackoffIsFullJitterCapped(t *testing.T) {
 func TestWatchdogCancelsOverdueAttempts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = time.Second
-		e := &engine{
-			cfg:        &cfg{attemptTimeout: timeout},
-			log:        slog.New(slog.DiscardHandler),
-			parts:      map[tp]*partState{},
-			slots:      make(attemptSlots, 2),
-			stuckAfter: time.Hour,
-		}
+		e := testEngine(func(c *cfg) { c.attemptTimeout, c.concurrency, c.stuckAfter = timeout, 2, time.Hour })
 		ctx, stop := context.WithCancel(context.Background())
 		hard := make(chan struct{})
 		done := make(chan struct{})

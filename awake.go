@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// While the handler is cheap (under fastHandler per record), at most
+// While the handler is cheap (cost.go), at most
 // GOMAXPROCS workers are awake: more cannot run at once, and every extra
 // one only queues at the engine's lock. In kpar bench noop all 64 default
 // workers stayed awake, since each that takes a record while others are
@@ -30,23 +30,12 @@ const awakeTick = time.Millisecond
 
 // awakeState is the cap's bookkeeping, in engine, guarded by engine.mu.
 type awakeState struct {
-	// perRecord is the last worker's measure of the handler's time per
-	// record, 0 until a worker measured it (see cheap, and
-	// tinyOrUnmeasured in widelane.go).
-	perRecord time.Duration
-	limit     int // GOMAXPROCS, when cheap
-	stuck     int // workers running one record for over a tick, at the last tick
-	held      int // wake-ups the cap held back and workers it put to sleep, for tests
-	// pinned, when not 0, is the measure every worker reports instead of
-	// its own: for tests whose handler must count as tiny (or slow)
-	// whatever -race and a loaded machine make of it.
-	pinned time.Duration
-	tick   uint32
-	guard  *time.Timer
+	limit int // GOMAXPROCS, when cheap
+	stuck int // workers running one record for over a tick, at the last tick
+	held  int // wake-ups the cap held back and workers it put to sleep, for tests
+	tick  uint32
+	guard *time.Timer
 }
-
-// cheap reports whether the handler was measured under fastHandler.
-func (a *awakeState) cheap() bool { return a.perRecord > 0 && a.perRecord < fastHandler }
 
 func newAwakeState() awakeState { return awakeState{limit: runtime.GOMAXPROCS(0)} }
 
@@ -62,7 +51,7 @@ type slotRecord struct {
 // not cheap). Called with mu held.
 func (e *engine) awakeExcess() int {
 	a := &e.awake
-	if !a.cheap() {
+	if !e.cost.cheap() {
 		return math.MinInt
 	}
 	return e.cfg.concurrency - e.idle - (a.limit + a.stuck)
@@ -121,15 +110,6 @@ func (e *engine) guardTick() {
 	if watch && a.guard == nil {
 		a.guard = time.AfterFunc(awakeTick, e.guardTick)
 	}
-}
-
-// measured records a worker's estimate of the handler's time per record.
-// Called with mu held.
-func (e *engine) measured(perRecord time.Duration) {
-	if e.awake.pinned > 0 {
-		perRecord = e.awake.pinned
-	}
-	e.awake.perRecord = max(perRecord, 1) // 0 means not measured
 }
 
 // stopGuard stops the stuck guard at shutdown. Called with mu held.

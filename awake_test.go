@@ -15,7 +15,8 @@ import (
 func TestAwakeCapHoldsWakeUpsAndTheGuardCountsStuckWorkers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const workers = 8
-		e := &engine{cfg: &cfg{concurrency: workers}, running: make([]slotRecord, workers), awake: awakeState{limit: 2}}
+		e := testEngine(func(c *cfg) { c.concurrency = workers })
+		e.awake.limit = 2
 		e.mu.Lock()
 		e.idle = workers - 2 // two awake: the cap
 		e.wake(1)
@@ -24,7 +25,7 @@ func TestAwakeCapHoldsWakeUpsAndTheGuardCountsStuckWorkers(t *testing.T) {
 		}
 		e.idle, e.waking = workers-2, false
 
-		e.measured(time.Microsecond) // cheap
+		e.cost.measured(time.Microsecond) // cheap
 		e.wake(1)
 		if e.idle != workers-2 || e.awake.held != 1 || e.awake.guard == nil {
 			t.Fatalf("cheap: idle %d, held %d, guard armed %v; want no worker woken, one held back, the guard armed",

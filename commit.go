@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -13,74 +12,14 @@ import (
 	"github.com/kpar/kpar/internal/offsetmeta"
 )
 
-// The committer goroutine owns commits while Run consumes; revokes and the
-// final commit call commit directly, and kgo serialises every commit of the
-// client, so at most one is in flight and they land in order.
+// The group source's settle: commits. The settler goroutine (settle.go)
+// commits while Run consumes; revokes and the final commit call commit
+// directly, and kgo serialises every commit of the client, so at most one
+// is in flight and they land in order.
 //
-// It commits as soon as a window start or the finished set above it moved,
-// at most once per CommitInterval, and not at all while nothing finishes.
 // Each partition's commit carries, in its metadata, the finished offsets
 // above the start (package offsetmeta), so that after a crash or rebalance
 // the next owner skips them.
-
-// askCommit tells the committer that progress was made. Called with mu held;
-// costs a bool test per finished record.
-func (e *engine) askCommit() {
-	if !e.commitAsked {
-		e.commitAsked = true
-		select {
-		case e.commitWake <- struct{}{}:
-		default:
-		}
-	}
-}
-
-func (e *engine) committer(ctx context.Context) {
-	var (
-		last  time.Time
-		fails int
-	)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-e.commitWake:
-		}
-		// Spacing: one CommitInterval after the last commit began, longer
-		// after failures (doubling up to 5s) so a broker that is down is
-		// not hammered.
-		spacing := e.cfg.commitInterval
-		if fails > 0 {
-			spacing = min(e.cfg.commitInterval<<min(fails, 20), 5*time.Second)
-		}
-		if wait := spacing - time.Since(last); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-		}
-		last = time.Now()
-		err := e.commit(ctx, nil)
-		switch {
-		case err == nil:
-			fails = 0
-		case ctx.Err() != nil:
-			return
-		default:
-			fails++
-			if fails&(fails-1) == 0 { // 1, 2, 4, 8...: summarised, not one line per try
-				e.log.Warn("kpar: commit failed; retrying with backoff, newer progress included",
-					"consecutive_failures", fails, "err", err)
-			}
-			e.mu.Lock()
-			e.askCommit() // try again after the backoff
-			e.mu.Unlock()
-		}
-	}
-}
 
 // commitPart is one partition's share of a commit.
 type commitPart struct {
@@ -99,12 +38,12 @@ type commitPart struct {
 // revoking ones when only is nil), with the finished offsets above it in
 // the metadata, where either changed since the last commit.
 //
-// Commits are serialised by commitMu from snapshot to response, so an older
+// Commits are serialised by g.commitMu from snapshot to response, so an older
 // snapshot never lands after a newer one.
-func (e *engine) commit(ctx context.Context, only []*partState) error {
-	e.commitMu.Lock()
-	defer e.commitMu.Unlock()
-	retry, err := e.commitOnce(ctx, only)
+func (g *groupSource) commit(ctx context.Context, only []*partState) error {
+	g.commitMu.Lock()
+	defer g.commitMu.Unlock()
+	retry, err := g.commitOnce(ctx, only)
 	// Partitions whose metadata the broker refused as too large go again at
 	// once with a smaller budget (halved each time, then plain).
 	for range 8 {
@@ -112,7 +51,7 @@ func (e *engine) commit(ctx context.Context, only []*partState) error {
 			break
 		}
 		var again error
-		retry, again = e.commitOnce(ctx, retry)
+		retry, again = g.commitOnce(ctx, retry)
 		if again == nil {
 			err = withoutTooLarge(err)
 		}
@@ -121,11 +60,12 @@ func (e *engine) commit(ctx context.Context, only []*partState) error {
 }
 
 // commitOnce is one OffsetCommit; it returns the partitions to commit
-// again with less metadata. Called with commitMu held.
-func (e *engine) commitOnce(ctx context.Context, only []*partState) ([]*partState, error) {
+// again with less metadata. Called with g.commitMu held.
+func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*partState, error) {
+	e := g.e
 	var todo []commitPart
 	e.mu.Lock()
-	e.commitAsked = false
+	e.takeAsked()
 	add := func(ps *partState) {
 		if ps.status == dropped {
 			return
@@ -199,7 +139,7 @@ func (e *engine) commitOnce(ctx context.Context, only []*partState) ([]*partStat
 		}
 		asked[p.ps.topic][p.ps.partition] = p.offset
 	}
-	e.cl.CommitOffsetsSync(withMeta, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	g.cl.CommitOffsetsSync(withMeta, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
 			commitErr = err
 			asked = nil // the request failed: nothing was committed
@@ -241,10 +181,13 @@ func (e *engine) commitOnce(ctx context.Context, only []*partState) ([]*partStat
 		if p.ps.metaLimit < len(offsetmeta.Prefix)+8 {
 			p.ps.metaLimit = 0
 		}
-		e.log.Warn("kpar: broker refused the commit metadata as too large; committing with a smaller finished-offsets set",
-			"topic", p.ps.topic, "partition", p.ps.partition, "bytes", len(p.meta), "new_limit", p.ps.metaLimit)
+		p.limit = p.ps.metaLimit // for the log, outside the lock
 	}
 	e.mu.Unlock()
+	for _, p := range tooLarge {
+		e.log.Warn("kpar: broker refused the commit metadata as too large; committing with a smaller finished-offsets set",
+			"topic", p.ps.topic, "partition", p.ps.partition, "bytes", len(p.meta), "new_limit", p.limit)
+	}
 	for _, h := range e.hooks.commit {
 		h.OnCommit(asked, commitErr)
 	}

@@ -123,7 +123,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.mu.Unlock()
 		return s.run(ctx)
 	}
-	e := newEngine(c)
+	e := newEngine(&c.cfg, c.handler, c.batch, &c.hooks)
+	newGroupSource(e)
 	c.cancel, c.done, c.eng = cancel, done, e
 	c.mu.Unlock()
 

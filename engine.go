@@ -3,7 +3,6 @@ package kpar
 import (
 	"context"
 	"errors"
-	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"sync"
@@ -18,9 +17,23 @@ import (
 
 var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFunc) to New")
 
-// engine is one Run: the client, the poller, the workers and the committer.
+// engine is the pipeline of one Run, or of one Backfill: the rooms every
+// source shares (source.go), built whole by newEngine for every source.
+//
+// Lock map. mu is the pipeline's one lock: it guards parts and the
+// partStates in it, and every room embedded after it (dispatch, cost,
+// awake, budget, limits, retries, pauses, settling). Each room's type
+// says which file works it. mu is held for bookkeeping only: no handler,
+// hook, client call or log call (a slog handler is user code too) runs
+// under it. Its word and what it guards change with every record, so the
+// fields before it, read by every worker, sit on other cache lines. Locks
+// of their own: overloadLog.mu (overload.go), the attempt contexts'
+// (attempt.go), and a source's (taken before mu, never while holding it:
+// groupSource.commitMu, shareSource.mu, rangeSource.mu). Atomics: slots,
+// overdue, closing.
 type engine struct {
-	// Set by newEngine (cl by run), read-only afterwards.
+	// Set by newEngine (producer by the source's open, before any of the
+	// pipeline's goroutines starts); read-only afterwards.
 	cfg        *cfg
 	handler    Handler
 	batch      BatchHandler
@@ -28,202 +41,169 @@ type engine struct {
 	log        *slog.Logger
 	seed       maphash.Seed
 	stuckAfter time.Duration
+	src        source
+	// producer writes retry-topic records: the group source's client;
+	// nil for the sources that refuse RetryTopics.
+	producer *kgo.Client
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
 	overdue atomic.Int64 // attempts running past their deadline at the last scan
+	// closing is set when shutdown begins: revokes from then on (leaving
+	// the group) do not wait for running records, the drain did.
+	closing atomic.Bool
+	over    overloadLog // summarises overload logs; a lock of its own
 
-	cl *kgo.Client // set once in run before any goroutine starts
-
-	// The fields above are read by every worker outside the lock; the
-	// lock's word and what it guards change with every record.
 	_ [falseSharingPad]byte
 
-	// mu guards the fields below up to commitMu, and the partStates in
-	// parts. It is held for bookkeeping only: no client call, handler or
-	// hook runs under it. Order: commitMu, then mu.
 	mu    sync.Mutex
+	parts map[tp]*partState
+	dispatch
+	cost  handlerCost
+	awake awakeState // the awake cap and the stuck guard (awake.go)
+	budget
+	limits
+	retries
+	pauses
+	settling
+}
+
+// dispatch is the ready queue and the workers that take from it
+// (worker.go, schedule.go). Guarded by engine.mu.
+type dispatch struct {
 	cond  sync.Cond // workers wait here for ready records or stop
 	ready sched.Queue[item]
-	parts map[tp]*partState
 	// idle counts the workers waiting on cond that no wake-up is on its
 	// way to; waking is set from a Signal until the signalled worker runs
 	// (see wake).
 	idle   int
 	waking bool
-	// awake caps the awake workers while the handler is cheap (awake.go).
-	awake   awakeState
-	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
-	pending int   // admitted records not finished, over live partitions
-	timers  map[*task]*time.Timer
+	// running holds the record each worker runs now, for stuck reports
+	// (cheap records share one attempt context, so a worker's attempt
+	// slot does not say which record runs), and the stuck guard's tick
+	// when it took it (awake.go). A worker sets its own in the lock round
+	// trip that takes the record: no atomic per record.
+	running []slotRecord
+	stop    bool // workers exit; timers do not fire
 	// taskPool is the free task chunks of the windows' taskStores.
 	taskPool taskPool
-	stop     bool // workers exit; timers do not fire
-	// running holds the record each worker runs now, for stuck reports
-	// (fast records share one attempt context, so a worker's attempt slot
-	// does not say which record runs), and the stuck guard's tick when it
-	// took it (awake.go). A worker sets its own in the lock round trip
-	// that takes the record: no atomic per record.
-	running []slotRecord
-	// pollWait is set while the poller waits for buffered bytes to drop
+	// runsEntered counts the record runs entered (run.go), for tests.
+	runsEntered uint64
+}
+
+// budget is what buffered records weigh against MaxBufferedBytes, and the
+// drain that waits for them (admit.go). Guarded by engine.mu.
+type budget struct {
+	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
+	pending int   // admitted records not finished, over live partitions
+	// pollWait is set while a poller waits for buffered bytes to drop
 	// below MaxBufferedBytes; space wakes it.
 	pollWait bool
 	space    chan struct{}
-	// exiled records wait for the exile writer (retry topic or dead-letter
-	// sink); exileWake nudges it.
-	exiled    []*task
-	exileWake chan struct{}
-	// lim is the adaptive in-flight limit (AdaptiveConcurrency), nil when
-	// off; active counts records taken by workers and not finished, which
-	// it bounds; limitWake is armed while the limit pauses dispatching.
-	lim       *limit.Adaptive
-	active    int
-	limitWake *time.Timer
-	// rate holds the rate limits (throttle.go), nil when none; brk is the
-	// overload breaker (overload.go), nil with the adaptive limit, which
-	// paces an overloaded downstream itself; over summarises overload logs.
-	rate *rates
-	// wideOK: key and unordered modes may use wide lanes (widelane.go);
-	// set by newEngine.
-	wideOK bool
-	// runOK: records may enter as record runs (run.go), neither a batch
-	// handler, nor a rate limit, nor the adaptive limit counting records
-	// one by one; set by newEngine.
-	runOK bool
-	// runsEntered counts the record runs entered, for tests. Guarded by mu.
-	runsEntered uint64
-	brk         *limit.Breaker
-	over        overloadLog
-	// toggles are pause/resume decisions for the fetch controller
-	// (poll.go); toggleWake (capacity 1) wakes it.
-	toggles    []fetchToggle
-	toggleWake chan struct{}
-	// commitAsked is set when a record finished since the committer last
-	// took a snapshot; commitWake (capacity 1) wakes the committer.
-	commitAsked bool
-	commitWake  chan struct{}
-	// commitMu serialises commits from snapshot to response (commit.go). It
-	// is taken before mu, never while holding it.
-	commitMu sync.Mutex
-	// closing is set when shutdown begins: revokes from then on (leaving
-	// the group) do not wait for running records, the drain did.
-	closing atomic.Bool
 	// drained is closed when pending reaches 0 after draining began.
 	draining bool
 	drained  chan struct{}
+}
+
+// limits decide whether an attempt may start now (worker.go's limited,
+// throttle.go, overload.go). Guarded by engine.mu.
+type limits struct {
+	// lim is the adaptive in-flight limit (AdaptiveConcurrency), nil when
+	// off; active counts records taken by workers and not finished, which
+	// it bounds; limitWake is armed while a limit pauses dispatching.
+	lim       *limit.Adaptive
+	active    int
+	limitWake *time.Timer
+	// rate holds the rate limits, nil when none; brk is the overload
+	// breaker, nil with the adaptive limit, which paces an overloaded
+	// downstream itself.
+	rate *rates
+	brk  *limit.Breaker
+}
+
+// retries is where failed records wait (failures.go): on a backoff timer,
+// or for the exile writer (retry topic or dead-letter sink). Guarded by
+// engine.mu.
+type retries struct {
+	timers map[*task]*time.Timer
+	// exiled records wait for the exile writer; exileWake nudges it.
+	exiled    []*task
+	exileWake chan struct{}
+}
+
+// pauses are pause and resume decisions waiting for the fetch controller
+// (admit.go), which applies them through the source outside the lock.
+// Guarded by engine.mu.
+type pauses struct {
+	toggles    []fetchToggle
+	toggleWake chan struct{} // capacity 1
+}
+
+// settling is what finished records leave for the source's settle
+// (settle.go). Guarded by engine.mu.
+type settling struct {
+	// commitAsked is set when a record finished since the settler last
+	// ran; commitWake (capacity 1) wakes the settler.
+	commitAsked bool
+	commitWake  chan struct{}
+	// acks is set for a source that acknowledges each record (share
+	// groups): finished records are queued in accepted, withdrawn ones in
+	// released, for its settle.
+	acks               bool
+	accepted, released []*kgo.Record
+	// Tallies of records, for Backfill's result.
+	finished, failedThenDone, deadLettered int64
 }
 
 // falseSharingPad separates what different goroutines write: two cache
 // lines, since CPUs fetch lines in adjacent pairs.
 const falseSharingPad = 128
 
-func newEngine(c *Consumer) *engine {
+// newEngine builds the whole pipeline for one run of src; src is set by
+// the caller before run.
+func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 	e := &engine{
-		cfg:     &c.cfg,
-		handler: c.handler,
-		batch:   c.batch,
-		hooks:   &c.hooks,
-		log:     c.cfg.logger,
-		seed:    maphash.MakeSeed(),
-		parts:   make(map[tp]*partState),
-		timers:  make(map[*task]*time.Timer),
-		space:   make(chan struct{}, 1),
-		slots:   make(attemptSlots, c.cfg.concurrency),
-		running: make([]slotRecord, c.cfg.concurrency),
-		awake:   newAwakeState(),
-
-		exileWake:  make(chan struct{}, 1),
-		commitWake: make(chan struct{}, 1),
-		toggleWake: make(chan struct{}, 1),
-		stuckAfter: c.cfg.stuckAfter,
+		cfg:        c,
+		handler:    h,
+		batch:      bh,
+		hooks:      hk,
+		log:        c.logger,
+		seed:       maphash.MakeSeed(),
+		stuckAfter: c.stuckAfter,
+		slots:      make(attemptSlots, c.concurrency),
+		parts:      make(map[tp]*partState),
+		awake:      newAwakeState(),
 	}
 	if e.stuckAfter == 0 {
-		e.stuckAfter = 2 * c.cfg.attemptTimeout
+		e.stuckAfter = 2 * c.attemptTimeout
 	}
 	e.cond.L = &e.mu
-	if c.cfg.adaptive {
-		e.lim = limit.New(c.cfg.concurrency)
+	e.running = make([]slotRecord, c.concurrency)
+	e.space = make(chan struct{}, 1)
+	e.timers = make(map[*task]*time.Timer)
+	e.exileWake = make(chan struct{}, 1)
+	e.toggleWake = make(chan struct{}, 1)
+	e.commitWake = make(chan struct{}, 1)
+	if c.adaptive {
+		e.lim = limit.New(c.concurrency)
 	} else {
 		e.brk = new(limit.Breaker)
 	}
-	e.rate = newRates(&c.cfg)
-	e.wideOK = e.wideLanes()
-	e.runOK = e.batch == nil && e.rate == nil && e.lim == nil
-	e.awake.pinned = c.cfg.pinnedCost
+	e.rate = newRates(c)
+	e.cost = newHandlerCost(c, bh != nil, e.rate)
 	return e
 }
 
-func (e *engine) clientOpts() []kgo.Opt {
-	defaults := []kgo.Opt{
-		// Resuming a paused partition takes effect with the next fetch,
-		// and a fetch in flight for partitions with no new data waits
-		// FetchMaxWait first. kpar bench noop, one run: 100ms left the
-		// tail of a backlog stalled (unordered 0.69x raw, partition 0.61x),
-		// 25ms did not (0.73x, 0.87x). The cost is up to 40 empty fetches a
-		// second per broker when idle; override with ClientOptions.
-		kgo.FetchMaxWait(25 * time.Millisecond),
-		// The client's buffered fetches are memory too: keep them within
-		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
-		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
-		// Members that order differently must not share a group: see
-		// orderedBalancer.
-		kgo.Balancers(orderedBalancer{kgo.CooperativeStickyBalancer(), e.cfg.ordering}),
-	}
-	return e.cfg.groupClientOpts(defaults, e.consumedTopics(),
-		kgo.OnPartitionsAssigned(e.onAssigned),
-		kgo.OnPartitionsRevoked(e.onRevoked),
-		kgo.OnPartitionsLost(e.onLost),
-	)
-}
-
-// groupClientOpts builds the options of a group member's client, for the
-// engine and RunMembers alike. The order matters: kpar's defaults first, so
-// ClientOptions override them; then what kpar owns and New checked nobody
-// else sets (seeds, group, topics, manual commits), then the caller's own.
-func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.Opt) []kgo.Opt {
-	opts := append([]kgo.Opt{
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.WithLogger(kgoLogger{L: c.logger}),
-	}, defaults...)
-	opts = append(opts, c.clientOpts...)
-	if len(c.brokers) > 0 {
-		opts = append(opts, kgo.SeedBrokers(c.brokers...))
-	}
-	opts = append(opts,
-		kgo.ConsumerGroup(c.group),
-		kgo.ConsumeTopics(topics...),
-		kgo.DisableAutoCommit(),
-	)
-	if c.instanceID != "" {
-		opts = append(opts, kgo.InstanceID(c.instanceID))
-	}
-	if c.regex {
-		opts = append(opts, kgo.ConsumeRegex())
-	}
-	return append(opts, owned...)
-}
-
+// run runs the pipeline over e.src until ctx ends, the source is done, or
+// a fatal error.
 func (e *engine) run(ctx context.Context) error {
-	cl, err := kgo.NewClient(e.clientOpts()...)
-	if err != nil {
-		return fmt.Errorf("kpar: creating the client: %w", err)
-	}
-	e.cl = cl
-	// Fail fast on what retrying cannot fix (bad credentials, missing
-	// permissions): the group loop would otherwise retry it silently.
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err = cl.Ping(pctx)
-	cancel()
-	if err != nil && isFatal(err) {
-		cl.Close()
-		return fmt.Errorf("kpar: connecting to the brokers: %w", err)
+	if err := e.src.open(ctx); err != nil {
+		return err
 	}
 
 	// Handlers keep running while Run drains; this context is cancelled
 	// only when the drain times out, or after Run is done.
 	hctx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardStop()
-
-	e.createRetryTopics(ctx)
 
 	var workers sync.WaitGroup
 	for i := range e.cfg.concurrency {
@@ -233,32 +213,33 @@ func (e *engine) run(ctx context.Context) error {
 	if e.cfg.deadLetters != nil || len(e.cfg.retryTopics) > 0 {
 		exiles.Go(func() { e.exileWriter(hctx) })
 	}
-	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
-	var committer sync.WaitGroup
-	committer.Go(func() { e.committer(commitCtx) })
-	committer.Go(func() { e.fetchController(commitCtx) })
-	committer.Go(func() { e.watchdog(commitCtx, hctx.Done()) })
+	settleCtx, stopSettler := context.WithCancel(context.WithoutCancel(ctx))
+	var settler sync.WaitGroup
+	settler.Go(func() { e.settler(settleCtx) })
+	settler.Go(func() { e.fetchController(settleCtx) })
+	settler.Go(func() { e.watchdog(settleCtx, hctx.Done()) })
 
-	pollCtx, stopPoll := context.WithCancel(ctx)
-	pollDone := make(chan error, 1)
-	go func() { pollDone <- e.poll(pollCtx) }()
+	deliverCtx, stopDeliver := context.WithCancel(ctx)
+	delivered := make(chan error, 1)
+	go func() { delivered <- e.src.deliver(deliverCtx) }()
 
 	var runErr error
 	select {
 	case <-ctx.Done():
-		stopPoll()
-		runErr = <-pollDone
-	case runErr = <-pollDone:
-		stopPoll()
+		stopDeliver()
+		runErr = <-delivered
+	case runErr = <-delivered:
+		stopDeliver()
 	}
 	e.log.Info("kpar: stopping: draining buffered records", "timeout", e.cfg.shutdownTimeout)
 
 	// The whole shutdown fits in ShutdownTimeout: the drain gets it but a
-	// reserve, and the reserve covers the workers' exit, the final commit
+	// reserve, and the reserve covers the workers' exit, the final settle
 	// and leaving the group.
 	deadline := time.Now().Add(e.cfg.shutdownTimeout)
 	reserve := min(e.cfg.shutdownTimeout/5, 2*time.Second)
 	e.closing.Store(true)
+	e.src.stopping()
 	drained := e.drain(time.Until(deadline.Add(-reserve)))
 	e.mu.Lock()
 	e.stop = true
@@ -273,11 +254,9 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	e.idle, e.waking = 0, false
 	e.cond.Broadcast()
+	unfinished := e.pending
 	e.mu.Unlock()
 	if !drained {
-		e.mu.Lock()
-		unfinished := e.pending
-		e.mu.Unlock()
 		e.log.Warn("kpar: shutdown timeout passed with records unfinished; cancelling handlers; they will be delivered again",
 			"unfinished", unfinished)
 		hardStop()
@@ -291,13 +270,9 @@ func (e *engine) run(ctx context.Context) error {
 	hardStop() // stops the exile writer, which may be retrying a failing sink
 	exiles.Wait()
 
-	stopCommitter()
-	committer.Wait()
-	leaveWithin(ctx, cl, deadline, e.log, "the group waits for the session timeout before moving its partitions", func(cctx context.Context) {
-		if err := e.commit(cctx, nil); err != nil {
-			e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", err)
-		}
-	})
+	stopSettler()
+	settler.Wait()
+	e.src.close(ctx, deadline)
 	return runErr
 }
 

@@ -310,3 +310,14 @@ func (e *ends) snapshot() map[string]map[int32]int64 {
 	}
 	return out
 }
+
+// testEngine is a whole pipeline, built as Run builds it, for the unit
+// tests of its rooms: defaultCfg changed by set, no source, nothing
+// started.
+func testEngine(set func(*cfg)) *engine {
+	c := defaultCfg()
+	if set != nil {
+		set(&c)
+	}
+	return newEngine(&c, HandlerFunc(func(context.Context, *kgo.Record) error { return nil }), nil, &hooks{})
+}

@@ -14,8 +14,9 @@ import (
 // onAssigned creates the state of newly assigned partitions. kgo calls it
 // before it fetches their committed offsets and starts fetching records, so
 // the finished sets read here are in place before the first record.
-func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	committed, finished := e.readCommitted(ctx, cl, assigned)
+func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	e := g.e
+	committed, finished := g.readCommitted(ctx, cl, assigned)
 	e.mu.Lock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
@@ -51,7 +52,8 @@ func (e *engine) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 // onRevoked stops dispatching the revoked partitions, waits up to
 // RevokeTimeout for their running records, commits their window starts and
 // drops their state.
-func (e *engine) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+func (g *groupSource) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	e := g.e
 	var (
 		revokingParts []*partState
 		idle          []chan struct{}
@@ -93,7 +95,7 @@ wait:
 	if len(revokingParts) == 0 {
 		return
 	}
-	if err := e.commit(ctx, revokingParts); err != nil {
+	if err := g.commit(ctx, revokingParts); err != nil {
 		e.log.Warn("kpar: commit on revoke failed; the new owner may handle some records again", "err", err)
 	}
 	e.mu.Lock()
@@ -109,7 +111,8 @@ wait:
 
 // onLost drops lost partitions without committing: another member may own
 // them already.
-func (e *engine) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	e := g.e
 	e.mu.Lock()
 	for topic, ps := range lost {
 		for _, p := range ps {
@@ -132,7 +135,8 @@ func (e *engine) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 // without committing: their offsets belong to the deleted topic, and a
 // commit sent once the client resolves the name again would land on the
 // new topic of that name and skip its records.
-func (e *engine) forgetTopic(topic string) {
+func (g *groupSource) forgetTopic(topic string) {
+	e := g.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, ps := range e.parts {
@@ -162,7 +166,7 @@ func (e *engine) dropLocked(ps *partState) {
 	}
 	if ps.paused {
 		ps.paused, ps.heldFull, ps.overBudget = false, false, false
-		e.toggleFetch(fetchToggle{ps.tp, false, 0, false})
+		e.toggleFetch(fetchToggle{ps, false, 0, false})
 	}
 	if e.parts[ps.tp] == ps {
 		delete(e.parts, ps.tp)
@@ -175,7 +179,8 @@ func (e *engine) dropLocked(ps *partState) {
 // it cannot read or decode (a failed request, metadata of another client,
 // a future version) means nothing is skipped: those records are handled
 // again, never lost.
-func (e *engine) readCommitted(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (map[tp]int64, map[tp][]offsetmeta.Run) {
+func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (map[tp]int64, map[tp][]offsetmeta.Run) {
+	e := g.e
 	if len(assigned) == 0 {
 		return nil, nil
 	}

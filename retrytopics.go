@@ -66,11 +66,11 @@ func (e *engine) consumedTopics() []string {
 // createRetryTopics creates missing retry topics with their source's
 // partition count. It is best effort: without the permission to create
 // topics, an operator creates them and kpar only logs.
-func (e *engine) createRetryTopics(ctx context.Context) {
+func (e *engine) createRetryTopics(ctx context.Context, cl *kgo.Client) {
 	if len(e.cfg.retryTopics) == 0 {
 		return
 	}
-	adm := kadm.NewClient(e.cl)
+	adm := kadm.NewClient(cl)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	details, err := adm.ListTopics(ctx, e.cfg.topics...)
@@ -273,7 +273,7 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
 			Timestamp: now,
 		}
 	}
-	if err := e.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := e.producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return fmt.Errorf("producing to retry topics: %w", err)
 	}
 	for i, t := range ts {

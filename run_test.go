@@ -21,10 +21,9 @@ import (
 func runEngine(t *testing.T, order Order, lanes ...uint64) (*engine, *partState) {
 	t.Helper()
 	const workers = 4
-	e := &engine{cfg: &cfg{concurrency: workers, ordering: order, windowRecords: 1000},
-		running: make([]slotRecord, workers), awake: awakeState{limit: 2, perRecord: time.Microsecond},
-		parts: map[tp]*partState{}, runOK: true}
-	e.wideOK = e.wideLanes()
+	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, order, 1000 })
+	e.awake.limit = 2
+	e.cost.measured(time.Microsecond)
 	ps := &partState{tp: tp{"t", 0}, win: window.New(1000), committed: -1}
 	e.parts[ps.tp] = ps
 	recs := make([]*kgo.Record, len(lanes))

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Wide lanes. While the handler is tiny (under wideHandler), a partition
+// Wide lanes. While the handler is tiny (cost.go), a partition
 // in key or unordered mode orders its records (in key mode, its keyed
 // ones) on one lane, the wide lane, as partition mode does: each record
 // then runs after the one before it, and the worker that finishes one runs
@@ -41,27 +41,10 @@ import (
 // holding key mode off as well left a tenth of a noop run's records on
 // key lanes.)
 //
-// While a worker measures the handler at wideHandler or more, no wide lane
+// While a worker measures the handler as not tiny, no wide lane
 // opens. The lanes already open are not split on that measure alone: one
 // run of records preempted on a busy machine measures slow too, and the
 // guard splits within a tick wherever a split lets more records run.
-
-// wideHandler is the per-record handler time below which partitions may
-// run their wide lanes: there the bookkeeping a wide lane saves, some 50 ns
-// a record, is worth more than parallelism within a partition.
-const wideHandler = 5 * time.Microsecond
-
-// tinyOrUnmeasured reports whether the handler was measured under
-// wideHandler, or not measured yet.
-func (a *awakeState) tinyOrUnmeasured() bool { return a.perRecord < wideHandler }
-
-// wideLanes reports whether the engine's records may use wide lanes at all:
-// key or unordered mode with a per-record handler and no rate limit (a
-// batch handler batches by lane or from the ready queue, and a rate limit
-// paces the records a worker takes).
-func (e *engine) wideLanes() bool {
-	return (e.cfg.ordering == ByKey || e.cfg.ordering == Unordered) && e.batch == nil && e.rate == nil
-}
 
 // admitKeyed admits a record of a key-mode (keyed) or unordered partition
 // to its wide lane, or else to its key's lane or none, and reports whether
@@ -80,7 +63,7 @@ func (e *engine) admitKeyed(ps *partState, t *task) bool {
 // openWide opens ps's wide lane if the handler is tiny (or not measured
 // yet) and no lane of ps is busy. Called with mu held.
 func (e *engine) openWide(ps *partState) bool {
-	if !e.wideOK || !e.awake.tinyOrUnmeasured() || ps.lanes.Busy() != 0 {
+	if !e.cost.tinyOrUnmeasured() || ps.lanes.Busy() != 0 {
 		return false
 	}
 	if ps.wideHold > 0 {

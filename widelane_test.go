@@ -29,9 +29,9 @@ func wideEngine(t *testing.T, idle int) (*engine, *partState, []*task) {
 func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
 	t.Helper()
 	const workers = 4
-	e := &engine{cfg: &cfg{concurrency: workers, ordering: ByKey, windowRecords: 1000}, idle: idle,
-		running: make([]slotRecord, workers), awake: awakeState{limit: 2, perRecord: time.Microsecond},
-		wideOK: true, parts: map[tp]*partState{}}
+	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, ByKey, 1000 })
+	e.idle, e.awake.limit = idle, 2
+	e.cost.measured(time.Microsecond)
 	ps := &partState{tp: tp{"t", 0}}
 	e.parts[ps.tp] = ps
 	var ts []*task
@@ -134,10 +134,10 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 		})
 	})
 	t.Run("handler of 10µs", func(t *testing.T) {
-		e := &engine{cfg: &cfg{concurrency: 4, ordering: ByKey, windowRecords: 1000},
-			running: make([]slotRecord, 4), awake: awakeState{limit: 2}, wideOK: true}
+		e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = 4, ByKey, 1000 })
+		e.awake.limit = 2
 		ps := &partState{tp: tp{"t", 0}}
-		e.measured(10 * time.Microsecond) // cheap for the awake cap, not tiny
+		e.cost.measured(10 * time.Microsecond) // cheap for the awake cap, not tiny
 		for _, key := range []uint64{2, 3} {
 			tk := &task{}
 			tk.Value.part, tk.Value.lane = ps, key

@@ -14,12 +14,6 @@ import (
 // time and passes through the outer loop.
 const maxTake = 64
 
-// fastHandler is the per-record handler time below which a worker runs its
-// records with one attempt context and one clock reading, and runs a
-// lane's successor itself: there the bookkeeping, not the handler,
-// dominates.
-const fastHandler = 20 * time.Microsecond
-
 func (e *engine) worker(ctx context.Context, slot int) {
 	var (
 		batch []*task
@@ -57,7 +51,7 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		} else {
 			perRecord = e.runEach(ctx, slot, batch[0], perRecord)
 			batch[0] = nil
-			e.measured(perRecord)
+			e.cost.measured(perRecord)
 		}
 	}
 }
@@ -74,7 +68,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 	// reading, which would otherwise cost more than the handler. If the
 	// shared context is cancelled (the run went past AttemptTimeout), the
 	// rest get contexts of their own.
-	fast := perRecord < fastHandler
+	fast := workerFast(perRecord)
 	var shared *attemptCtx
 	at := start
 	ran, steps := 0, 0 // records run, and tasks (a run is one)
