@@ -18,6 +18,8 @@ import (
 // waitForBytes waits until buffered bytes are below MaxBufferedBytes, or
 // until the partitions holding more than their share of them are paused
 // and others can still be fetched. It reports false when ctx ended first.
+// Every poller of a source calls it (a range has one per slice): the
+// wake-up is a broadcast.
 func (e *engine) waitForBytes(ctx context.Context) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -25,10 +27,13 @@ func (e *engine) waitForBytes(ctx context.Context) bool {
 		if e.pauseOverBudget() {
 			return true
 		}
-		e.pollWait = true
+		if e.space == nil {
+			e.space = make(chan struct{})
+		}
+		space := e.space
 		e.mu.Unlock()
 		select {
-		case <-e.space:
+		case <-space:
 		case <-ctx.Done():
 			e.mu.Lock()
 			return false

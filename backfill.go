@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -16,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/internal/progress"
-	"github.com/kpar/kpar/internal/window"
 )
 
 // ErrBadRange is wrapped by the errors Backfill returns for a range that
@@ -130,29 +126,34 @@ const maxReaders = 256
 // (a client assigned to the partition at the slice's first offset) that
 // stops at the slice's end, or at the partition's high watermark, whichever
 // comes first: offsets that do not exist (compacted records, transaction
-// markers) are never waited for. Records of all readers go to one pool of
-// Concurrency workers and are handled in any order: a backfill is unordered,
-// within a key too. A slice's reader waits while its window is full:
-// WindowRecords records from the slice's first unfinished one on.
+// markers) are never waited for. The records of every reader go through the
+// same pipeline as a Consumer's, each slice with its own window
+// (WindowRecords, from the slice's first unfinished record on) and fetching
+// paused while it is full. A backfill is unordered, within a key too.
 //
-// Failures follow the engine's rules: MaxAttempts, RetryBackoff,
-// AttemptTimeout and Permanent as for a Consumer, then the DeadLetters sink;
-// a record is finished once handled or once the sink acknowledged it.
-// Without a sink a record that keeps failing is retried until it succeeds.
-// RetryTopics and TopicRegex are not supported; Topics, the Ordering and
-// batch options do not apply. Group, if set, names the group in dead
+// Every flow rule of a Consumer holds here, with the same options and
+// defaults (FlowOpt): Concurrency, AdaptiveConcurrency, RateLimit and
+// KeyRateLimit, MaxAttempts, RetryBackoff, AttemptTimeout, Permanent and
+// Overloaded (an overloaded downstream burns no attempt, the breaker or the
+// adaptive limit paces it), StuckAfter, the DeadLetters sink (a record is
+// finished once handled or once the sink acknowledged it; without a sink a
+// record that keeps failing is retried until it succeeds), and
+// ShutdownTimeout, which bounds the whole shutdown after ctx is cancelled.
+// Options that do not apply to a range (Topics, Ordering, RetryTopics,
+// InstanceID) do not compile here. Group, if set, names the group in dead
 // letters; it joins nothing.
 //
 // Progress: for each slice, the offset below which every record is
 // finished. With ProgressFile it is saved (atomically and fsynced) when it
-// moved, at most once per CommitInterval (default 1s here), and when Backfill returns. A call
-// with the same file and the same Range resumes: slices are read from their
-// saved offsets, finished slices not at all. A file of another range is
-// refused (ErrProgressMismatch). After a crash, the records a resumed call
-// handles again are those finished above a slice's first unfinished record
-// (at most WindowRecords per slice) and those finished since the last save.
-// A cancelled ctx loses nothing and repeats nothing that finished: the
-// records in flight finish first (up to ShutdownTimeout).
+// moved, at most once per ProgressInterval (default 1s), and when Backfill
+// returns. A call with the same file and the same Range resumes: slices are
+// read from their saved offsets, finished slices not at all. A file of
+// another range is refused (ErrProgressMismatch). After a crash, the
+// records a resumed call handles again are those finished above a slice's
+// first unfinished record (at most WindowRecords per slice) and those
+// finished since the last save. A cancelled ctx loses nothing and repeats
+// nothing that finished: the records in flight finish first (up to
+// ShutdownTimeout).
 //
 // Errors wrapping ErrBadRange name what is wrong with r; a cancelled call
 // returns an error wrapping ctx.Err() with the result so far.
@@ -201,16 +202,24 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...BackfillOpt) (Bac
 	}
 	admin.Close()
 
-	b := newBackfill(c, h, r.Topic, c.progressFile, state)
-	err = b.run(ctx)
+	hk := newHooks(c.hooks)
+	e := newEngine(c, h, nil, &hk)
+	rs := newRangeSource(e, r.Topic, c.progressFile, state)
+	err = e.run(ctx)
+	if err == nil && ctx.Err() != nil {
+		err = fmt.Errorf("kpar: backfill stopped before the range was done: %w", ctx.Err())
+	}
+	err = errors.Join(err, rs.saveErr)
+	e.mu.Lock()
 	res := BackfillResult{
-		Records:      b.records.Load(),
-		Failed:       b.failed.Load(),
-		DeadLettered: b.deadLettered.Load(),
-		AlreadyDone:  b.alreadyDone,
-		Slices:       len(b.slices),
+		Records:      e.finished,
+		Failed:       e.failedFinished,
+		DeadLettered: e.deadLettered,
+		AlreadyDone:  rs.alreadyDone,
+		Slices:       len(state.Slices),
 		Elapsed:      time.Since(start),
 	}
+	e.mu.Unlock()
 	return res, err
 }
 
@@ -228,17 +237,13 @@ func backfillConfig(r Range, opts []BackfillOpt) (*cfg, error) {
 	switch {
 	case r.Topic == "":
 		return nil, fmt.Errorf("%w: no topic: set Range.Topic", ErrBadRange)
-	case len(c.topics) > 0 || c.regex:
-		return nil, errors.New("kpar: Topics and TopicRegex do not apply to Backfill: name the topic in its Range")
-	case len(c.retryTopics) > 0:
-		return nil, errors.New("kpar: RetryTopics is not supported by Backfill: failed records go to DeadLetters after MaxAttempts")
-	case c.rateLimit.on || c.keyRateLimit.on:
-		return nil, errors.New("kpar: RateLimit and KeyRateLimit are not supported by Backfill: bound its pace with Concurrency")
 	case c.progressInterval <= 0:
 		return nil, fmt.Errorf("kpar: ProgressInterval(%v) out of range: want more than 0", c.progressInterval)
 	case c.readers < 1 || c.readers > maxReaders:
 		return nil, fmt.Errorf("kpar: Readers(%d) out of range: want 1 to %d", c.readers, maxReaders)
 	}
+	// A range has no order to keep: its slices are read at once.
+	c.ordering = Unordered
 	group := c.group
 	c.topics = []string{r.Topic}
 	if c.group == "" {
@@ -417,464 +422,3 @@ func cutSlices(bounds []bound, readers int) []progress.Slice {
 	return out
 }
 
-// ---- the run ----
-
-// bfSlice is one reader's slice. Its mutable fields are guarded by
-// backfill.mu.
-type bfSlice struct {
-	progress.Slice // Done is the progress as of the start; see doneLocked
-
-	win      *window.Window // records pushed by the reader, finished or not
-	roomWake chan struct{}  // nudges the reader when the window's start moved
-	readDone bool           // the reader reached the slice's end
-	complete bool           // readDone and every pushed record finished
-}
-
-// doneLocked is the slice's progress now: every record below it is
-// finished. Called with mu held.
-func (s *bfSlice) doneLocked() int64 {
-	if s.complete {
-		return s.To
-	}
-	if off, ok := s.win.Start(); ok {
-		return off
-	}
-	return s.Done
-}
-
-// bfRecord is one record of a slice. t carries the record and its failure
-// history in the engine's shape, so the engine's helpers serve it.
-type bfRecord struct {
-	t  task
-	sl *bfSlice
-}
-
-// backfill is one Backfill run: readers, workers, the dead-letter writer
-// and the progress saver.
-type backfill struct {
-	cfg   *cfg
-	h     Handler
-	hooks hooks
-	log   *slog.Logger
-	topic string
-	file  string // progress file; "" for none
-	state *progress.State
-	// eng is a bare engine (cfg, hooks, log only) for the per-record
-	// helpers Backfill shares with the Consumer: dispatched, observe,
-	// letter, writeDeadLetters and sinkBackoff.
-	eng *engine
-
-	slices      []*bfSlice
-	alreadyDone int64
-
-	records, failed, deadLettered atomic.Int64
-
-	mu        sync.Mutex
-	cond      sync.Cond   // workers wait here for ready records or stop
-	ready     []*bfRecord // FIFO
-	timers    map[*bfRecord]*time.Timer
-	dead      []*bfRecord // waiting for the dead-letter writer
-	deadWake  chan struct{}
-	pending   int  // records pushed and not finished
-	remaining int  // slices not complete
-	moved     bool // progress moved since the last save
-	stop      bool // workers exit; timers do not fire
-	allDone   chan struct{}
-	drained   chan struct{} // closed when pending drops to 0 while draining
-}
-
-func newBackfill(c *cfg, h Handler, topic, file string, state *progress.State) *backfill {
-	b := &backfill{
-		cfg:      c,
-		h:        h,
-		hooks:    newHooks(c.hooks),
-		log:      c.logger,
-		topic:    topic,
-		file:     file,
-		state:    state,
-		timers:   make(map[*bfRecord]*time.Timer),
-		deadWake: make(chan struct{}, 1),
-		allDone:  make(chan struct{}),
-	}
-	b.eng = &engine{cfg: c, hooks: &b.hooks, log: c.logger}
-	b.cond.L = &b.mu
-	for _, s := range state.Slices {
-		b.alreadyDone += s.Done - s.From
-		sl := &bfSlice{Slice: s, win: window.New(c.windowRecords), roomWake: make(chan struct{}, 1)}
-		if s.Done >= s.To {
-			sl.readDone, sl.complete = true, true
-		} else {
-			b.remaining++
-		}
-		b.slices = append(b.slices, sl)
-	}
-	if b.remaining == 0 {
-		close(b.allDone)
-	}
-	return b
-}
-
-func (b *backfill) run(ctx context.Context) error {
-	// Handlers keep running while the run drains; hctx ends only when the
-	// drain times out, or once the run is over.
-	hctx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
-	defer hardStop()
-	var toRead []*bfSlice // read before any goroutine starts: no lock yet
-	for _, sl := range b.slices {
-		if !sl.readDone {
-			toRead = append(toRead, sl)
-		}
-	}
-	b.log.Info("kpar: backfill starting", "topic", b.topic, "slices", len(b.slices),
-		"to_read", len(toRead), "already_done_offsets", b.alreadyDone, "concurrency", b.cfg.concurrency)
-
-	var workers, deadWriter, saver sync.WaitGroup
-	for range b.cfg.concurrency {
-		workers.Go(func() { b.worker(hctx) })
-	}
-	if b.cfg.deadLetters != nil {
-		deadWriter.Go(func() { b.deadLetterWriter(hctx) })
-	}
-	saveCtx, stopSaver := context.WithCancel(context.WithoutCancel(ctx))
-	if b.file != "" {
-		saver.Go(func() { b.saver(saveCtx) })
-	}
-
-	readCtx, stopReaders := context.WithCancel(ctx)
-	var readers sync.WaitGroup
-	readErr := make(chan error, len(b.slices))
-	for _, sl := range toRead {
-		readers.Go(func() {
-			if err := b.read(readCtx, sl); err != nil {
-				readErr <- err
-			}
-		})
-	}
-
-	var runErr error
-	select {
-	case <-b.allDone:
-	case runErr = <-readErr:
-	case <-ctx.Done():
-		runErr = fmt.Errorf("kpar: backfill stopped before the range was done: %w", ctx.Err())
-	}
-	stopReaders()
-	readers.Wait()
-
-	// Drain: the records handed to workers finish (or reach the sink)
-	// within ShutdownTimeout, so a cancel repeats none that finished.
-	b.mu.Lock()
-	drained := make(chan struct{})
-	if b.pending == 0 {
-		close(drained)
-	} else {
-		b.drained = drained
-	}
-	b.mu.Unlock()
-	drainTimer := time.NewTimer(b.cfg.shutdownTimeout)
-	select {
-	case <-drained:
-	case <-drainTimer.C:
-		b.log.Warn("kpar: shutdown timeout passed with records unfinished; cancelling handlers")
-		hardStop()
-	}
-	drainTimer.Stop()
-	b.mu.Lock()
-	b.stop = true // workers exit, timers do not fire
-	stopTimers(b.timers)
-	b.cond.Broadcast()
-	b.mu.Unlock()
-	if !waitTimeout(&workers, b.cfg.shutdownTimeout) {
-		runErr = errors.Join(runErr, ErrShutdownTimeout)
-	}
-	hardStop()
-	deadWriter.Wait()
-	stopSaver()
-	saver.Wait()
-	if b.file != "" {
-		if err := b.save(); err != nil {
-			runErr = errors.Join(runErr, err)
-		}
-	}
-	return runErr
-}
-
-// read is the reader of one slice: a client assigned to the slice's
-// partition at its progress, pushing the slice's records to the workers
-// until it reaches the slice's end or the partition's high watermark.
-func (b *backfill) read(ctx context.Context, sl *bfSlice) error {
-	readers := len(b.slices)
-	opts := append(b.cfg.backfillClientOpts(readers),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{b.topic: {sl.Partition: kgo.NewOffset().At(sl.Done)}}),
-		// An offset deleted under us must fail loudly, not restart the
-		// slice from wherever the log starts now.
-		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
-		// Transaction markers take offsets too: seeing them tells the
-		// reader it passed its end when the last offsets are markers.
-		kgo.KeepControlRecords(),
-	)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("kpar: creating the client of a backfill reader: %w", err)
-	}
-	defer cl.Close()
-
-	next := sl.Done // the offset after the last one seen
-	for {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil || fs.IsClientClosed() {
-			return nil
-		}
-		var fatal error
-		fs.EachError(func(topic string, p int32, err error) {
-			switch {
-			case errors.Is(err, context.Canceled):
-			case errors.Is(err, kerr.OffsetOutOfRange):
-				fatal = fmt.Errorf("kpar: backfill of %s partition %d: offset %d is no longer in the log (deleted by retention?): %w", topic, p, next, err)
-			case isFatal(err), errors.Is(err, kerr.UnknownTopicOrPartition):
-				fatal = fmt.Errorf("kpar: backfill of %s partition %d: %w", topic, p, err)
-			default:
-				b.log.Warn("kpar: backfill fetch error", "topic", topic, "partition", p, "err", err)
-			}
-		})
-		if fatal != nil {
-			return fatal
-		}
-		end := false
-		var hwm int64 = -1
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			hwm = max(hwm, p.HighWatermark)
-			for _, r := range p.Records {
-				if end || r.Offset < next {
-					continue
-				}
-				if r.Offset >= sl.To {
-					end = true
-					continue
-				}
-				next = r.Offset + 1
-				if !r.Attrs.IsControl() {
-					if !b.push(ctx, sl, r) {
-						return
-					}
-				}
-				end = next >= sl.To
-			}
-		})
-		if ctx.Err() != nil {
-			return nil
-		}
-		if !end && hwm >= 0 && next >= hwm {
-			// The partition ends below the slice's end: offsets that do
-			// not exist are not waited for.
-			b.log.Warn("kpar: backfill slice ends at the high watermark, below its end", "topic", b.topic,
-				"partition", sl.Partition, "high_watermark", hwm, "slice_end", sl.To)
-			end = true
-		}
-		if end {
-			b.mu.Lock()
-			sl.readDone = true
-			b.maybeCompleteLocked(sl)
-			b.mu.Unlock()
-			return nil
-		}
-	}
-}
-
-// push hands r to the workers once its slice's window has room: fewer
-// than WindowRecords records from the first unfinished one through the
-// last pushed. That bounds what a crash makes the next run repeat, finished
-// records above an unfinished one included. It reports false when ctx
-// ended first.
-func (b *backfill) push(ctx context.Context, sl *bfSlice, r *kgo.Record) bool {
-	rec := &bfRecord{sl: sl}
-	rec.t.Value.rec = r
-	b.mu.Lock()
-	for sl.win.Len() >= b.cfg.windowRecords {
-		b.mu.Unlock()
-		select {
-		case <-sl.roomWake:
-		case <-ctx.Done():
-			return false
-		}
-		b.mu.Lock()
-	}
-	rec.t.Value.seq = sl.win.Push(r.Offset)
-	b.pending++
-	b.ready = append(b.ready, rec)
-	b.cond.Signal()
-	b.mu.Unlock()
-	return true
-}
-
-func (b *backfill) worker(ctx context.Context) {
-	for {
-		b.mu.Lock()
-		for len(b.ready) == 0 && !b.stop {
-			b.cond.Wait()
-		}
-		if b.stop {
-			b.mu.Unlock()
-			return
-		}
-		rec := b.ready[0]
-		b.ready[0] = nil
-		b.ready = b.ready[1:]
-		b.mu.Unlock()
-
-		t := &rec.t
-		now := time.Now()
-		b.eng.dispatched(t, now)
-		actx, cancel := context.WithTimeout(ctx, b.cfg.attemptTimeout)
-		err := callHandler(actx, b.h, t.Value.rec)
-		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
-		cancel()
-		if err == nil {
-			b.eng.observe(t, nil)
-			b.finish(rec, false)
-			continue
-		}
-		if ctx.Err() != nil {
-			continue // hard stop: the record stays unfinished
-		}
-		backoff := b.eng.observe(t, err)
-		b.failedAttempt(rec, err, timedOut, backoff, time.Now())
-	}
-}
-
-// failedAttempt retries a record after backoff, or hands it to the
-// dead-letter writer once its attempts are used up (at once for Permanent),
-// as the engine's fail does. Without a sink the record is retried at the
-// backoff cap: it is never skipped.
-func (b *backfill) failedAttempt(rec *bfRecord, err error, timedOut bool, backoff time.Duration, now time.Time) {
-	it := &rec.t.Value
-	noteFailure(it, err, timedOut, now)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch b.cfg.nextStep(it, b.log) {
-	case stepRetry:
-		b.retryLocked(rec, backoff)
-	case stepDeadLetter: // stepRetryTopic cannot happen: Backfill rejects RetryTopics
-		b.dead = append(b.dead, rec)
-		select {
-		case b.deadWake <- struct{}{}:
-		default:
-		}
-	default:
-		b.retryLocked(rec, b.cfg.retryMax)
-	}
-}
-
-// retryLocked makes rec ready again after d. Called with mu held.
-func (b *backfill) retryLocked(rec *bfRecord, d time.Duration) {
-	if b.stop {
-		return
-	}
-	b.timers[rec] = time.AfterFunc(d, func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if _, ok := b.timers[rec]; !ok || b.stop {
-			return
-		}
-		delete(b.timers, rec)
-		b.ready = append(b.ready, rec)
-		b.cond.Signal()
-	})
-}
-
-// finish marks rec finished: its slice's progress may move and its reader
-// may push another record.
-func (b *backfill) finish(rec *bfRecord, deadLettered bool) {
-	failed := rec.t.Value.x != nil
-	b.mu.Lock()
-	sl := rec.sl
-	if sl.win.Done(rec.t.Value.seq) {
-		b.moved = true
-		select {
-		case sl.roomWake <- struct{}{}:
-		default:
-		}
-	}
-	b.pending--
-	b.maybeCompleteLocked(sl)
-	if b.drained != nil && b.pending == 0 {
-		close(b.drained)
-		b.drained = nil
-	}
-	b.mu.Unlock()
-	rec.t.Value.rec = nil
-	b.records.Add(1)
-	if failed {
-		b.failed.Add(1)
-	}
-	if deadLettered {
-		b.deadLettered.Add(1)
-	}
-}
-
-// maybeCompleteLocked marks sl complete once its reader reached the end and
-// every record it pushed finished. Called with mu held.
-func (b *backfill) maybeCompleteLocked(sl *bfSlice) {
-	if sl.complete || !sl.readDone || sl.win.Pending() > 0 {
-		return
-	}
-	sl.complete, b.moved = true, true
-	b.remaining--
-	if b.remaining == 0 {
-		close(b.allDone)
-	}
-}
-
-// deadLetterWriter writes failed records to the sink in batches, retrying a
-// failed write with backoff; a record is finished once its write was
-// acknowledged. It runs until ctx (the hard stop) ends.
-func (b *backfill) deadLetterWriter(ctx context.Context) {
-	writeQueued(ctx, b.deadWake, &b.mu, &b.dead, func(batch []*bfRecord) bool {
-		ts := tasksOf(batch, func(rec *bfRecord) *task { return &rec.t })
-		if !b.eng.deadLetterUntilAcked(ctx, ts, "their slice's progress holds until it succeeds") {
-			return false
-		}
-		for _, rec := range batch {
-			b.finish(rec, true)
-		}
-		return true
-	})
-}
-
-// saver saves the progress when it moved, at most once per CommitInterval.
-func (b *backfill) saver(ctx context.Context) {
-	t := time.NewTicker(b.cfg.progressInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := b.save(); err != nil {
-				b.log.Warn("kpar: saving backfill progress failed; retrying at the next interval", "file", b.file, "err", err)
-			}
-		}
-	}
-}
-
-// save writes the progress file if the progress moved since the last save.
-// Only the saver and, after it stopped, run call it.
-func (b *backfill) save() error {
-	b.mu.Lock()
-	if !b.moved {
-		b.mu.Unlock()
-		return nil
-	}
-	b.moved = false
-	for i, sl := range b.slices {
-		b.state.Slices[i].Done = sl.doneLocked()
-	}
-	b.mu.Unlock()
-	if err := progress.Save(b.file, b.state); err != nil {
-		b.mu.Lock()
-		b.moved = true
-		b.mu.Unlock()
-		return fmt.Errorf("kpar: %w", err)
-	}
-	return nil
-}

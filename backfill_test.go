@@ -98,7 +98,7 @@ func TestBackfillResumesAfterCancelLosingNothing(t *testing.T) {
 
 	// Cancel the first run at a random record, and note how many records
 	// were in flight then: a resumed run may repeat those, nothing else.
-	stopAt := 1_000 + rand.Int64N(8_000)
+	stopAt := 1_000 + rand.Int64N(3_000)
 	var (
 		handled, running atomic.Int64
 		inFlightAtCancel atomic.Int64
@@ -116,9 +116,11 @@ func TestBackfillResumesAfterCancelLosingNothing(t *testing.T) {
 		counts[rec.Offset].Add(1)
 		return nil
 	})
-	// The drain after the cancel finishes what the readers had pushed, up
-	// to a window per slice: 4 x 128 on top of fewer than 9,000 handled stays
-	// below the range's 10,000, so the first run never finishes it.
+	// The drain after the cancel finishes what the readers had delivered:
+	// per slice a window and the records held outside it (at most 8
+	// windows, see heldCap), 4 x 9 x 128 on top of fewer than 4,000
+	// handled stays below the range's 10,000, so the first run never
+	// finishes it.
 	first, err := Backfill(ctx, h, r, backfillOpts(c, Readers(4), Concurrency(16), WindowRecords(128), ProgressFile(file))...)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled run returned %v; want an error wrapping context.Canceled", err)
@@ -349,22 +351,22 @@ func TestBackfillEndsAtATransactionMarker(t *testing.T) {
 	}
 }
 
-// Progress is saved when it moved, at most once per CommitInterval, and
-// once more at the end.
+// Progress is saved as soon as it moved, then at most once per
+// ProgressInterval, and once more at the end.
 func TestBackfillSavesProgressAtMostOncePerInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "p.json")
-		c := defaultCfg()
-		c.progressInterval = time.Second
+		e := testEngine(func(c *cfg) { c.progressInterval = time.Second })
 		state := &progress.State{
 			Range:  progress.Range{Topic: "t", From: "0", To: "100"},
 			Slices: []progress.Slice{{Partition: 0, From: 0, To: 100}},
 		}
-		b := newBackfill(&c, HandlerFunc(func(context.Context, *kgo.Record) error { return nil }), "t", file, state)
-		sl := b.slices[0]
+		r := newRangeSource(e, "t", file, state)
+		ps := r.slices[0].ps
+		e.parts[ps.tp] = ps
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
-		go func() { b.saver(ctx); close(done) }()
+		go func() { e.settler(ctx); close(done) }()
 
 		saved := func() int64 {
 			s, err := progress.Load(file)
@@ -374,25 +376,27 @@ func TestBackfillSavesProgressAtMostOncePerInterval(t *testing.T) {
 			return s.Slices[0].Done
 		}
 		finishNext := func(off int64) {
-			rec := &bfRecord{sl: sl}
-			rec.t.Value.rec = &kgo.Record{Offset: off}
-			b.mu.Lock()
-			rec.t.Value.seq = sl.win.Push(off)
-			b.pending++
-			b.mu.Unlock()
-			b.finish(rec, false)
-		}
-		for off := range int64(10) {
-			finishNext(off)
-			time.Sleep(100 * time.Millisecond)
+			e.mu.Lock()
+			ps.win.Done(ps.win.Push(off))
+			e.askCommit()
+			e.mu.Unlock()
 			synctest.Wait()
-			if want := int64(-1); off < 9 && saved() != want {
-				t.Fatalf("after %d00ms: saved %d; want no save before the first interval", off+1, saved())
+		}
+		finishNext(0)
+		if got := saved(); got != 1 {
+			t.Fatalf("after the first record: saved %d; want 1 at once", got)
+		}
+		for off := int64(1); off < 10; off++ {
+			time.Sleep(100 * time.Millisecond)
+			finishNext(off)
+			if got := saved(); got != 1 {
+				t.Fatalf("after %d00ms: saved %d; want still 1 within the interval", off, got)
 			}
 		}
+		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		if got := saved(); got != 10 {
-			t.Fatalf("after one interval: saved %d; want 10", got)
+			t.Fatalf("one interval after the first save: saved %d; want 10", got)
 		}
 		finishNext(10)
 		time.Sleep(500 * time.Millisecond)

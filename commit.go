@@ -120,7 +120,7 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 		for i := range req.Topics {
 			t := &req.Topics[i]
 			for j := range t.Partitions {
-				if p := byTP[tp{t.Topic, t.Partitions[j].Partition}]; p != nil {
+				if p := byTP[tp{topic: t.Topic, partition: t.Partitions[j].Partition}]; p != nil {
 					t.Partitions[j].Metadata = &p.meta
 				}
 			}
@@ -153,7 +153,7 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 				}
 				delete(asked[t.Topic], rp.Partition)
 				if errors.Is(err, kerr.OffsetMetadataTooLarge) {
-					if p := byTP[tp{t.Topic, rp.Partition}]; p != nil {
+					if p := byTP[tp{topic: t.Topic, partition: rp.Partition}]; p != nil {
 						tooLarge = append(tooLarge, p)
 					}
 				}

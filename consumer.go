@@ -55,8 +55,9 @@ type Consumer struct {
 	closed bool
 	cancel context.CancelFunc // cancels the current Run
 	done   chan struct{}      // closed when the current Run returns
-	eng    *engine            // the current Run's engine, for Partitions
-	share  *shareRun          // the current Run with ShareGroup, for ShareStats
+	eng    *engine            // the current Run's pipeline, nil between runs
+	last   *engine            // the current or last Run's pipeline, for tests
+	share  *shareSource       // the current (or last) Run's share source, for ShareStats
 }
 
 // New returns a Consumer that hands each record to h. It validates the
@@ -117,17 +118,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
-	if c.cfg.shareGroup != "" {
-		s := newShareRun(c)
-		c.cancel, c.done, c.share = cancel, done, s
-		c.mu.Unlock()
-		return s.run(ctx)
-	}
 	e := newEngine(&c.cfg, c.handler, c.batch, &c.hooks)
-	newGroupSource(e)
-	c.cancel, c.done, c.eng = cancel, done, e
+	if c.cfg.shareGroup != "" {
+		c.share = newShareSource(e)
+	} else {
+		newGroupSource(e)
+	}
+	c.cancel, c.done, c.eng, c.last = cancel, done, e, e
 	c.mu.Unlock()
-
+	defer func() {
+		c.mu.Lock()
+		c.eng = nil // the accessors report no run
+		c.mu.Unlock()
+	}()
 	return e.run(ctx)
 }
 
@@ -163,12 +166,9 @@ func (c *Consumer) Overdue() int {
 // when not running.
 func (c *Consumer) ConcurrencyLimit() int {
 	c.mu.Lock()
-	e, share := c.eng, c.share
+	e := c.eng
 	c.mu.Unlock()
 	if e == nil {
-		if share != nil {
-			return c.cfg.concurrency
-		}
 		return 0
 	}
 	e.mu.Lock()
@@ -225,12 +225,13 @@ type PartitionStats struct {
 }
 
 // Partitions returns a snapshot of every assigned partition's window, for
-// progress displays and status pages. It returns nil when not running.
+// progress displays and status pages. It returns nil when not running, and
+// with ShareGroup (see ShareStats).
 func (c *Consumer) Partitions() []PartitionStats {
 	c.mu.Lock()
 	e := c.eng
 	c.mu.Unlock()
-	if e == nil {
+	if e == nil || c.cfg.shareGroup != "" {
 		return nil
 	}
 	return e.stats()

@@ -251,9 +251,9 @@ func TestRebalanceLosesNothing(t *testing.T) {
 			waitFor(t, led.AllHandled(), 60*time.Second, "every record handled")
 			var runs uint64
 			for _, m := range members {
-				m.eng.mu.Lock()
-				runs += m.eng.runsEntered
-				m.eng.mu.Unlock()
+				m.last.mu.Lock()
+				runs += m.last.runsEntered
+				m.last.mu.Unlock()
 			}
 			if (runs > 0) != (mode.pinned > 0) {
 				t.Fatalf("%d record runs entered, pinned cost %v", runs, mode.pinned)

@@ -42,6 +42,9 @@ type engine struct {
 	seed       maphash.Seed
 	stuckAfter time.Duration
 	src        source
+	// keep, for a source that withdraws records at shutdown (share
+	// groups), says which must run all the same. Called with mu held.
+	keep func(*kgo.Record) bool
 	// producer writes retry-topic records: the group source's client;
 	// nil for the sources that refuse RetryTopics.
 	producer *kgo.Client
@@ -95,10 +98,9 @@ type dispatch struct {
 type budget struct {
 	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
 	pending int   // admitted records not finished, over live partitions
-	// pollWait is set while a poller waits for buffered bytes to drop
-	// below MaxBufferedBytes; space wakes it.
-	pollWait bool
-	space    chan struct{}
+	// space is closed, and set to nil, when buffered bytes drop below
+	// MaxBufferedBytes while pollers wait for it; nil while none waits.
+	space chan struct{}
 	// drained is closed when pending reaches 0 after draining began.
 	draining bool
 	drained  chan struct{}
@@ -150,8 +152,9 @@ type settling struct {
 	// released, for its settle.
 	acks               bool
 	accepted, released []*kgo.Record
-	// Tallies of records, for Backfill's result.
-	finished, failedThenDone, deadLettered int64
+	// Tallies of finished records, for Backfill's result: all of them,
+	// those that failed an attempt first, those dead-lettered.
+	finished, failedFinished, deadLettered int64
 }
 
 // falseSharingPad separates what different goroutines write: two cache
@@ -178,7 +181,6 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 	}
 	e.cond.L = &e.mu
 	e.running = make([]slotRecord, c.concurrency)
-	e.space = make(chan struct{}, 1)
 	e.timers = make(map[*task]*time.Timer)
 	e.exileWake = make(chan struct{}, 1)
 	e.toggleWake = make(chan struct{}, 1)
@@ -317,17 +319,28 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	}
 }
 
-// drain waits until every admitted record finished, up to d.
-func (e *engine) drain(d time.Duration) bool {
+// whenIdle returns a channel closed once every admitted record finished.
+func (e *engine) whenIdle() <-chan struct{} {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.draining = true
 	if e.pending == 0 {
-		e.mu.Unlock()
-		return true
+		return closedDone
 	}
-	e.drained = make(chan struct{})
-	ch := e.drained
-	e.mu.Unlock()
+	if e.drained == nil {
+		e.drained = make(chan struct{})
+	}
+	return e.drained
+}
+
+// drain waits until every admitted record finished, up to d.
+func (e *engine) drain(d time.Duration) bool {
+	ch := e.whenIdle()
+	select {
+	case <-ch:
+		return true
+	default:
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -129,8 +129,7 @@ func (e *engine) exileWriter(ctx context.Context) {
 	})
 }
 
-// writeQueued is the loop of a writer goroutine: the engine's exile writer
-// and the dead-letter writers of Backfill and the share-group runner. At
+// writeQueued is the loop of a writer goroutine (the exile writer). At
 // each wake it takes the whole queue (guarded by mu) and writes it, until
 // the queue stays empty. It returns when ctx ends or write returns false
 // (ctx ended before the write succeeded).
@@ -195,6 +194,9 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 		if t.Value.part.status == dropped {
 			continue
 		}
+		if t.Value.x.level >= len(e.cfg.retryTopics) || t.Value.x.class == deadletter.ClassPermanent {
+			e.deadLettered++
+		}
 		if next := e.complete(t); next != nil {
 			e.ready.Push(next)
 			handedOver++
@@ -203,49 +205,6 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	e.wake(handedOver)
 	e.mu.Unlock()
 	return true
-}
-
-// tasksOf is the task of each record of batch, for deadLetterUntilAcked.
-func tasksOf[R any](batch []R, taskOf func(R) *task) []*task {
-	ts := make([]*task, len(batch))
-	for i, r := range batch {
-		ts[i] = taskOf(r)
-	}
-	return ts
-}
-
-// deadLetterUntilAcked writes ts to the dead-letter sink, retrying a
-// failed write with sinkBackoff until the sink acknowledges it (true) or
-// ctx ends (false). holds says, for the error log, what waits meanwhile.
-// Backfill and the share-group runner write their dead letters with it.
-func (e *engine) deadLetterUntilAcked(ctx context.Context, ts []*task, holds string) bool {
-	for attempt := 1; ; attempt++ {
-		err := e.writeDeadLetters(ctx, ts)
-		if err == nil {
-			return true
-		}
-		wait := e.sinkBackoff(attempt)
-		e.log.Error("kpar: writing failed records to the dead-letter sink failed; "+holds,
-			"records", len(ts), "attempt", attempt, "retry_in", wait, "err", err)
-		for _, h := range e.hooks.deadLetterFailed {
-			h.OnDeadLetterFailed(len(ts), err)
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(wait):
-		}
-	}
-}
-
-// stopTimers stops and forgets every retry timer of timers: Backfill and
-// the share-group runner call it at shutdown, under the lock that guards
-// timers.
-func stopTimers[K comparable](timers map[K]*time.Timer) {
-	for _, tm := range timers {
-		tm.Stop()
-	}
-	clear(timers)
 }
 
 // sinkBackoff spaces out writes to a failing retry topic or sink: full
@@ -320,12 +279,18 @@ func (e *engine) retryLater(t *task, backoff time.Duration) {
 			return
 		}
 		delete(e.timers, t)
-		if ps.status != live {
-			return
+		if ps.status == revoking || ps.status == dropped {
+			return // its partition's next owner handles it
 		}
-		ps.waiting -= size
-		e.bytes += size
-		e.ready.Push(t)
+		e.retryNow(t)
 		e.wake(1)
 	})
+}
+
+// retryNow makes a record that waited on a retry timer, stopped and
+// forgotten by the caller, ready again. Called with mu held.
+func (e *engine) retryNow(t *task) {
+	t.Value.part.waiting -= t.Value.size
+	e.bytes += t.Value.size
+	e.ready.Push(t)
 }

@@ -176,9 +176,9 @@ func testBrokerFault(t *testing.T, f brokerFault, mode orderMode, runs bool) {
 		t.Fatal(err)
 	}
 
-	cons.eng.mu.Lock()
-	entered := cons.eng.runsEntered
-	cons.eng.mu.Unlock()
+	cons.last.mu.Lock()
+	entered := cons.last.runsEntered
+	cons.last.mu.Unlock()
 	// In key and unordered modes a failure keeps a partition off its
 	// wide lane, and so off runs, for four windows: here the whole test,
 	// since the window holds every record. Partition mode has no such

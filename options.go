@@ -164,6 +164,9 @@ type cfg struct {
 	shareGroup string // ShareGroup (share.go): replaces group
 	topics     []string
 	regex      bool
+	// explicit has a bit set for each option given whose default a
+	// source may refuse to ignore (setX below).
+	explicit uint32
 	// pinnedCost, for tests only, is the handler's time per record the
 	// engine goes by instead of its workers' measure (awakeState.pinned).
 	pinnedCost time.Duration
@@ -201,6 +204,12 @@ type cfg struct {
 	progressFile     string
 	progressInterval time.Duration
 }
+
+// Bits of cfg.explicit.
+const (
+	setCommitMetadataBytes = 1 << iota
+	setRevokeTimeout
+)
 
 func defaultCfg() cfg {
 	return cfg{
@@ -312,7 +321,7 @@ func CommitInterval(d time.Duration) ConsumerOpt {
 // lowest finished offsets that do (the rest is handled again); a broker
 // that refuses the size makes kpar halve it. 0 commits plain offsets.
 func CommitMetadataBytes(n int) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.commitMetadataBytes = n })
+	return consumerOpt(func(c *cfg) { c.commitMetadataBytes, c.explicit = n, c.explicit|setCommitMetadataBytes })
 }
 
 // AdaptiveConcurrency makes the number of attempts in flight adapt to the
@@ -380,7 +389,7 @@ func ShutdownTimeout(d time.Duration) Opt { return opt(func(c *cfg) { c.shutdown
 // of revoked partitions before committing them, overriding the default 10s.
 // Keep it below the group's rebalance timeout.
 func RevokeTimeout(d time.Duration) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.revokeTimeout = d })
+	return consumerOpt(func(c *cfg) { c.revokeTimeout, c.explicit = d, c.explicit|setRevokeTimeout })
 }
 
 // RetryBackoff sets the exponential backoff between attempts of a failed

@@ -107,17 +107,21 @@ func initTask(t *task, ps *partState, rec *kgo.Record, seq window.Seq, size int6
 	it.rec, it.part, it.seq, it.size, it.lane = rec, ps, seq, size, lane
 }
 
+// tp names a partition's state: a topic partition, and for a range read
+// (Backfill), where several readers share a partition, the slice of it.
 type tp struct {
 	topic     string
 	partition int32
+	slice     int32 // Backfill's slice index; 0 for the other sources
 }
 
 type partStatus uint8
 
 const (
-	live     partStatus = iota // records are dispatched
-	revoking                   // being revoked: finishing in-flight records, dispatching nothing new
-	dropped                    // state released; late completions are ignored
+	live        partStatus = iota // records are dispatched
+	withdrawing                   // a share group member stops: records not started are released (withdraw.go)
+	revoking                      // being revoked: finishing in-flight records, dispatching nothing new
+	dropped                       // state released; late completions are ignored
 )
 
 // partState is one assigned partition. Every field is guarded by engine.mu.

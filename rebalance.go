@@ -20,7 +20,7 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 	e.mu.Lock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
-			k := tp{topic, p}
+			k := tp{topic: topic, partition: p}
 			if old := e.parts[k]; old != nil {
 				e.dropLocked(old)
 			}
@@ -61,7 +61,7 @@ func (g *groupSource) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[
 	e.mu.Lock()
 	for topic, ps := range revoked {
 		for _, p := range ps {
-			s := e.parts[tp{topic, p}]
+			s := e.parts[tp{topic: topic, partition: p}]
 			if s == nil || s.status != live {
 				continue
 			}
@@ -116,7 +116,7 @@ func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][
 	e.mu.Lock()
 	for topic, ps := range lost {
 		for _, p := range ps {
-			if s := e.parts[tp{topic, p}]; s != nil {
+			if s := e.parts[tp{topic: topic, partition: p}]; s != nil {
 				e.dropLocked(s)
 			}
 		}
@@ -202,7 +202,7 @@ func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigne
 			if !ok || r.At < 0 {
 				continue
 			}
-			at[tp{topic, p}] = r.At
+			at[tp{topic: topic, partition: p}] = r.At
 			if r.Metadata == "" || e.cfg.commitMetadataBytes == 0 {
 				continue
 			}
@@ -214,7 +214,7 @@ func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigne
 				}
 				continue
 			}
-			out[tp{topic, p}] = runs
+			out[tp{topic: topic, partition: p}] = runs
 		}
 	}
 	return at, out

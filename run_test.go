@@ -24,7 +24,7 @@ func runEngine(t *testing.T, order Order, lanes ...uint64) (*engine, *partState)
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, order, 1000 })
 	e.awake.limit = 2
 	e.cost.measured(time.Microsecond)
-	ps := &partState{tp: tp{"t", 0}, win: window.New(1000), committed: -1}
+	ps := &partState{tp: tp{topic: "t"}, win: window.New(1000), committed: -1}
 	e.parts[ps.tp] = ps
 	recs := make([]*kgo.Record, len(lanes))
 	meta := make([]recMeta, len(lanes))
@@ -177,9 +177,9 @@ func TestRunsFailInPlace(t *testing.T) {
 			cons.cfg.pinnedCost = time.Microsecond
 			stop := runConsumer(t, cons)
 			waitFor(t, l.AllHandled(), 30*time.Second, "every record")
-			cons.eng.mu.Lock()
-			runs := cons.eng.runsEntered
-			cons.eng.mu.Unlock()
+			cons.last.mu.Lock()
+			runs := cons.last.runsEntered
+			cons.last.mu.Unlock()
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}

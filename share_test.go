@@ -127,6 +127,8 @@ func TestShareOptionsRejectWhatShareGroupsCannotKeep(t *testing.T) {
 		{"both groups", Group("g"), "both Group and ShareGroup"},
 		{"retry topics", RetryTopics(time.Second), "RetryTopics is not supported with ShareGroup"},
 		{"instance id", InstanceID("i"), "no static membership"},
+		{"commit metadata", CommitMetadataBytes(100), "CommitMetadataBytes is not supported with ShareGroup"},
+		{"revoke timeout", RevokeTimeout(time.Second), "RevokeTimeout is not supported with ShareGroup"},
 		{"client share group", ClientOptions(kgo.ShareGroup("x")), "use kpar.ShareGroup"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,8 +138,8 @@ func TestShareOptionsRejectWhatShareGroupsCannotKeep(t *testing.T) {
 			}
 		})
 	}
-	if _, err := New(h, append(base, Ordering(Unordered))...); err != nil {
-		t.Fatalf("Unordered share consumer: %v", err)
+	if _, err := New(h, append(base, Ordering(Unordered), AdaptiveConcurrency(), RateLimit(10, 1), WindowRecords(10))...); err != nil {
+		t.Fatalf("Unordered share consumer with the pipeline's flow rules: %v", err)
 	}
 }
 
@@ -615,22 +617,19 @@ func runHoldingFirst(t *testing.T, c *kfake.Cluster, topic string, opts ...Consu
 	return cons, h, cancel, ran
 }
 
-// newBareShareRun is a share runner with workers but no share consumer: a
-// plain client (made outside any synctest bubble) stands in, on which
-// acknowledgements are no-ops. push feeds it records as a poll would.
-func newBareShareRun(t *testing.T, h Handler, opts ...ConsumerOpt) *shareRun {
+// newBareShare is a share source on a whole pipeline but no share
+// consumer: cl, a plain client (made outside any synctest bubble, while
+// the pipeline is made inside one, so that its goroutines block durably),
+// stands in, on which acknowledgements are no-ops. admit feeds it records
+// as a poll would.
+func newBareShare(t *testing.T, cl *kgo.Client, h Handler, opts ...ConsumerOpt) *shareSource {
 	t.Helper()
 	cons, err := New(h, append([]ConsumerOpt{Brokers("127.0.0.1:1"), Topics("t"), ShareGroup("sg"),
 		WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	s := newShareRun(cons)
+	s := newShareSource(newEngine(&cons.cfg, cons.handler, cons.batch, &cons.hooks))
 	s.cl = cl
 	return s
 }
@@ -644,19 +643,26 @@ func fetchesOfKey(key string, offsets ...int64) kgo.Fetches {
 	return kgo.Fetches{{Topics: []kgo.FetchTopic{{Topic: "t", Partitions: []kgo.FetchPartition{{Partition: 0, Records: recs}}}}}}
 }
 
-// startWorkers runs s's workers until the returned function stops them.
-func startWorkers(s *shareRun) (stop func()) {
+// startWorkers runs the workers and the settler of s's pipeline until the
+// returned function stops them.
+func startWorkers(s *shareSource) (stop func()) {
+	e := s.e
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for i := range s.cfg.concurrency {
-		wg.Go(func() { s.worker(ctx, i) })
+	for i := range e.cfg.concurrency {
+		wg.Go(func() { e.worker(ctx, i) })
 	}
+	wg.Go(func() { e.settler(ctx) })
 	return func() {
-		s.mu.Lock()
-		s.stop = true
-		stopTimers(s.timers)
-		s.cond.Broadcast()
-		s.mu.Unlock()
+		e.mu.Lock()
+		e.stop = true
+		e.stopGuard()
+		for t, tm := range e.timers {
+			tm.Stop()
+			delete(e.timers, t)
+		}
+		e.cond.Broadcast()
+		e.mu.Unlock()
 		cancel()
 		wg.Wait()
 	}
@@ -665,13 +671,18 @@ func startWorkers(s *shareRun) (stop func()) {
 // twoOfAKeyInVirtualTime runs body in a synctest bubble, on a bare
 // runner of h with two workers once it took records 0 and 1 of key k and
 // every goroutine of the bubble is blocked.
-func twoOfAKeyInVirtualTime(t *testing.T, h Handler, body func(t *testing.T, s *shareRun)) {
+func twoOfAKeyInVirtualTime(t *testing.T, h Handler, body func(t *testing.T, s *shareSource)) {
 	t.Helper()
-	s := newBareShareRun(t, h, Concurrency(2))
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
 	synctest.Test(t, func(t *testing.T) {
+		s := newBareShare(t, cl, h, Concurrency(2))
 		stop := startWorkers(s)
 		defer stop()
-		s.push(fetchesOfKey("k", 0, 1))
+		s.admit(fetchesOfKey("k", 0, 1))
 		synctest.Wait()
 		body(t, s)
 	})
@@ -692,7 +703,7 @@ func TestShareRetryWaitsItsBackoffWhileHeld(t *testing.T) {
 		}
 		return nil
 	})
-	twoOfAKeyInVirtualTime(t, h, func(t *testing.T, s *shareRun) {
+	twoOfAKeyInVirtualTime(t, h, func(t *testing.T, s *shareSource) {
 		check := func(when string, a0, a1, acquired, retrying int, accepted int64) {
 			t.Helper()
 			mu.Lock()
@@ -723,15 +734,12 @@ func TestShareShutdownReleasesRetriesAndQueuedRecords(t *testing.T) {
 		runs.Add(1)
 		return RetryAfter(errors.New("busy"), time.Minute)
 	})
-	twoOfAKeyInVirtualTime(t, h, func(t *testing.T, s *shareRun) {
-		s.mu.Lock()
-		s.closing = true
-		release := s.unstartedLocked()
-		s.mu.Unlock()
-		s.settle(release, kgo.AckRelease)
+	twoOfAKeyInVirtualTime(t, h, func(t *testing.T, s *shareSource) {
+		s.e.withdrawAll()
+		synctest.Wait()
 		st := s.snapshot()
-		if len(release) != 2 || st.Released != 2 || st.Acquired != 0 || st.Retrying != 0 {
-			t.Fatalf("released %d, stats %+v: want both records released, nothing held", len(release), st)
+		if st.Released != 2 || st.Acquired != 0 || st.Retrying != 0 {
+			t.Fatalf("stats %+v: want both records released, nothing held", st)
 		}
 		time.Sleep(2 * time.Minute)
 		synctest.Wait()

@@ -352,9 +352,9 @@ func TestRateLimitValidation(t *testing.T) {
 		t.Errorf("valid limits refused: %v", err)
 	}
 	_, err := Backfill(t.Context(), HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
-		Range{Topic: "v", From: AtOffset(0), To: AtOffset(1)}, Brokers(c.ListenAddrs()...), RateLimit(10, 1))
-	if err == nil || !strings.Contains(err.Error(), "not supported by Backfill") {
-		t.Errorf("Backfill with RateLimit: %v, want it refused", err)
+		Range{Topic: "v", From: AtOffset(0), To: AtOffset(1)}, Brokers(c.ListenAddrs()...), RateLimit(0, 1))
+	if err == nil || !strings.Contains(err.Error(), "perSecond out of range") {
+		t.Errorf("Backfill with RateLimit(0, 1): %v, want it refused as New refuses it", err)
 	}
 }
 

@@ -32,7 +32,7 @@ func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, ByKey, 1000 })
 	e.idle, e.awake.limit = idle, 2
 	e.cost.measured(time.Microsecond)
-	ps := &partState{tp: tp{"t", 0}}
+	ps := &partState{tp: tp{topic: "t"}}
 	e.parts[ps.tp] = ps
 	var ts []*task
 	e.mu.Lock() // the stuck guard's timer reads what schedule writes
@@ -136,7 +136,7 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 	t.Run("handler of 10µs", func(t *testing.T) {
 		e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = 4, ByKey, 1000 })
 		e.awake.limit = 2
-		ps := &partState{tp: tp{"t", 0}}
+		ps := &partState{tp: tp{topic: "t"}}
 		e.cost.measured(10 * time.Microsecond) // cheap for the awake cap, not tiny
 		for _, key := range []uint64{2, 3} {
 			tk := &task{}

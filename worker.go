@@ -213,6 +213,11 @@ func (e *engine) take(batch []*task) []*task {
 		}
 		ps := t.Value.part
 		if ps.status != live {
+			if ps.status == withdrawing && !e.keepTask(t) {
+				if next := e.withdraw(t); next != nil {
+					e.ready.Push(next)
+				}
+			}
 			continue // revoked: its new owner handles it
 		}
 		if ps.level > 0 {
@@ -406,6 +411,8 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 	case ps.status == revoking:
 		// Not retried here: the record stays unfinished, so the revoke
 		// commit stops below it and the next owner handles it.
+	case ps.status == withdrawing && !e.keepTask(t):
+		next = e.withdraw(t) // released for another member, not retried here
 	default:
 		if t.Wide() {
 			// It retries on its key's lane: the partition's other keys
@@ -429,6 +436,13 @@ func (e *engine) complete(t *task) (next *task) {
 	if t.Value.run == nil {
 		ps.win.Done(t.Value.seq)
 		ps.progress++
+		e.finished++
+		if t.Value.x != nil {
+			e.failedFinished++
+		}
+		if e.acks {
+			e.accepted = append(e.accepted, t.Value.rec)
+		}
 	} // a run's records were marked finished by markRun
 	e.askCommit()
 	next = ps.lanes.Release(t)
@@ -437,11 +451,22 @@ func (e *engine) complete(t *task) (next *task) {
 	} else {
 		t.Value.rec, t.Value.run.recs = nil, nil
 	}
-	// t is not used past this point: its chunk may be reused.
+	e.refill(ps)
+	return next
+}
+
+// refill retires the tasks of ps's window below its start and moves held
+// records into the room that frees, after a record of ps finished or was
+// withdrawn. The finished task is not used past it: its chunk may be
+// reused. Called with mu held.
+func (e *engine) refill(ps *partState) {
 	ps.tasks.retire(ps.win, &e.taskPool)
 	if held := ps.held.Len(); held > 0 {
-		// Refill a quarter window at a time: one wake-up, one pass.
-		if room := e.cfg.windowRecords - ps.win.Len(); room >= max(1, e.cfg.windowRecords/4) || room >= held {
+		// Refill a quarter window at a time: one wake-up, one pass; or
+		// whatever room there is once the window's unfinished records are
+		// fewer than that room, so that a window whose start is stuck
+		// still fills (and its workers do not run dry).
+		if room := e.cfg.windowRecords - ps.win.Len(); room > 0 && (room >= max(1, e.cfg.windowRecords/4) || room >= held || ps.win.Pending() <= room) {
 			readyBefore := e.ready.Len()
 			ps.held.take(min(room, held), func(recs []*kgo.Record, meta []recMeta) { e.enterRecords(ps, recs, meta) })
 			e.wake(e.ready.Len() - readyBefore)
@@ -451,7 +476,6 @@ func (e *engine) complete(t *task) (next *task) {
 		ps.heldFull = false
 		e.syncPause(ps)
 	}
-	return next
 }
 
 // release returns a finished record's budget. Called with mu held.
@@ -477,15 +501,12 @@ func (e *engine) releaseRecords(ps *partState, size int64, n int) {
 	e.budgetFreed()
 }
 
-// wakePoller wakes the poller if it waits for buffered bytes to drop (see
+// wakePoller wakes the pollers that wait for buffered bytes to drop (see
 // waitForBytes). Called with mu held.
 func (e *engine) wakePoller() {
-	if e.pollWait {
-		e.pollWait = false
-		select {
-		case e.space <- struct{}{}:
-		default:
-		}
+	if e.space != nil {
+		close(e.space)
+		e.space = nil
 	}
 }
 

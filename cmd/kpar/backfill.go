@@ -156,10 +156,14 @@ exits 1.`, stderr)
 	return 0
 }
 
-// summary is the one-line account of a backfill run.
+// summary is the one-line account of a backfill run, in records (not
+// attempts): how many finished, how many of those the handler finished
+// (and how many of them only after a failed attempt), how many went to the
+// dead-letter sink.
 func summary(res kpar.BackfillResult) string {
-	s := fmt.Sprintf("records %d, failed %d, dead-lettered %d, seconds %.2f",
-		res.Records, res.Failed, res.DeadLettered, res.Elapsed.Seconds())
+	handled := res.Records - res.DeadLettered
+	s := fmt.Sprintf("%d records: %d handled (%d after a failed attempt), %d dead-lettered, %.2f s",
+		res.Records, handled, max(res.Failed-res.DeadLettered, 0), res.DeadLettered, res.Elapsed.Seconds())
 	if res.AlreadyDone > 0 {
 		s += fmt.Sprintf(" (resumed: %d offsets already done)", res.AlreadyDone)
 	}

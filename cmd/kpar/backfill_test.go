@@ -93,8 +93,8 @@ func TestBackfillSIGKILLAndResumeLosesNothing(t *testing.T) {
 		t.Fatalf("resumed run exited %d, want 0; stderr:\n%s", code, tail(p.stderr))
 	}
 	line := stdout.String()
-	if !strings.HasPrefix(line, "kpar backfill: done: records ") || strings.Count(line, "\n") != 1 ||
-		!strings.Contains(line, ", dead-lettered 0, seconds ") {
+	if !strings.HasPrefix(line, "kpar backfill: done: ") || strings.Count(line, "\n") != 1 ||
+		!strings.Contains(line, " records: ") || !strings.Contains(line, ", 0 dead-lettered, ") {
 		t.Errorf("stdout = %q, want one summary line", line)
 	}
 

@@ -325,6 +325,36 @@ func (l *Lanes[T]) Parked() int {
 	return n
 }
 
+// Withdraw takes out of the lanes every parked task for which keep returns
+// false, and passes each to out: those of the wide lane first, then the
+// key lanes', each lane's in order. The tasks in flight, and the parked
+// tasks kept, keep their places. A task taken out leaves the lanes
+// (Release returns nil for it). out must not admit tasks to these lanes.
+func (l *Lanes[T]) Withdraw(keep func(*Task[T]) bool, out func(*Task[T])) {
+	filter := func(q *Queue[T]) {
+		var stay Queue[T]
+		for t := q.Pop(); t != nil; t = q.Pop() {
+			if keep(t) {
+				stay.Push(t)
+				continue
+			}
+			t.wide, t.laned = false, false
+			out(t)
+		}
+		*q = stay
+	}
+	filter(&l.wideParked)
+	for i := range l.parked {
+		if l.keys[i]&parkedBit == 0 {
+			continue
+		}
+		filter(&l.parked[i])
+		if l.parked[i].Len() == 0 {
+			l.keys[i] &^= parkedBit
+		}
+	}
+}
+
 // ExpandWide rebuilds the wide lane's order when some of its tasks stand
 // for several records and must give some of them back as tasks of their
 // own: expand returns, for the lane's in-flight task and for each parked

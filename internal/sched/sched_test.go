@@ -373,3 +373,32 @@ func TestReplaceHandsTheTurnOver(t *testing.T) {
 		}
 	})
 }
+
+// TestWithdrawTakesParkedTasksOut: Withdraw hands out the parked tasks it
+// does not keep, in lane order, and leaves the tasks in flight and the kept
+// ones where they were.
+func TestWithdrawTakesParkedTasksOut(t *testing.T) {
+	var l Lanes[int]
+	mk := func(v int) *Task[int] { return &Task[int]{Value: v} }
+	wide, wideNext := mk(1), mk(2)
+	l.AdmitWide(wide)
+	l.AdmitWide(wideNext)
+	a, a2, a3 := mk(10), mk(11), mk(12)
+	l.Admit(a, 7)
+	l.Admit(a2, 7)
+	l.Admit(a3, 7)
+	var out []int
+	l.Withdraw(func(t *Task[int]) bool { return t.Value == 12 }, func(t *Task[int]) { out = append(out, t.Value) })
+	if len(out) != 2 || out[0] != 2 || out[1] != 11 {
+		t.Fatalf("withdrew %v, want [2 11]", out)
+	}
+	if l.Release(wideNext) != nil || l.Release(a2) != nil {
+		t.Fatal("a withdrawn task still holds a place in its lane")
+	}
+	if next := l.Release(wide); next != nil {
+		t.Fatalf("the wide lane hands over %v after its parked task was withdrawn, want nothing", next.Value)
+	}
+	if next := l.Release(a); next != a3 {
+		t.Fatal("the kept task did not keep its place behind its lane's task in flight")
+	}
+}

@@ -26,6 +26,8 @@ type Window struct {
 
 	pending int   // unfinished entries in [head, tail)
 	last    int64 // last pushed offset; -1 before the first Push
+	// anyOrder: offsets may be pushed in any order (NewAcquired).
+	anyOrder bool
 }
 
 const minCap = 8
@@ -44,14 +46,27 @@ func New(sizeHint int) *Window {
 	}
 }
 
+// NewAcquired returns an empty Window whose offsets may be pushed in any
+// order, repeated or backwards: the records a share group member acquires,
+// which the broker may deliver again below offsets it delivered before.
+// Such a window orders its entries by push, not by offset: Start is the
+// offset of the oldest unfinished entry, and the finished runs and End mean
+// nothing.
+func NewAcquired(sizeHint int) *Window {
+	w := New(sizeHint)
+	w.anyOrder = true
+	return w
+}
+
 // Push appends offset to the window as unfinished and returns its Seq.
 //
-// Offsets must be non-negative and strictly increasing across pushes; gaps are
-// allowed (compacted records, transaction markers). Push panics otherwise,
-// since a repeated or backwards offset means the caller lost track of the
-// partition's position.
+// Offsets must be non-negative and, but in a window from NewAcquired,
+// strictly increasing across pushes; gaps are allowed (compacted records,
+// transaction markers). Push panics otherwise, since a repeated or
+// backwards offset means the caller lost track of the partition's
+// position.
 func (w *Window) Push(offset int64) Seq {
-	if offset <= w.last || offset < 0 {
+	if (offset <= w.last && !w.anyOrder) || offset < 0 {
 		badPush(offset, w.last)
 	}
 	if int(w.tail-w.head) == len(w.ring) {

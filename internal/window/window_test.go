@@ -372,3 +372,23 @@ func TestEachFinishedRunSpansGaps(t *testing.T) {
 		t.Fatalf("runs %v, want %v", got, want)
 	}
 }
+
+// TestAcquiredWindowTakesAnyOrder: a share group member's window takes
+// offsets in any order, repeats included, and its start is the oldest
+// unfinished entry's offset.
+func TestAcquiredWindowTakesAnyOrder(t *testing.T) {
+	w := NewAcquired(4)
+	a, b, c := w.Push(10), w.Push(3), w.Push(10)
+	if off, _ := w.Start(); off != 10 {
+		t.Fatalf("Start = %d, want 10 (the oldest entry)", off)
+	}
+	w.Done(a)
+	if off, _ := w.Start(); off != 3 {
+		t.Fatalf("Start = %d, want 3", off)
+	}
+	w.Done(c)
+	w.Done(b)
+	if w.Pending() != 0 || w.Len() != 0 {
+		t.Fatalf("Pending %d, Len %d; want an empty window", w.Pending(), w.Len())
+	}
+}
