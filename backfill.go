@@ -421,4 +421,3 @@ func cutSlices(bounds []bound, readers int) []progress.Slice {
 	}
 	return out
 }
-
