@@ -24,11 +24,10 @@ import (
 // the sources a row runs on, and the cell, one row on one source over a
 // topic of its own on a kfake cluster of its own.
 
-// flowOpt is an option that every source takes: New, for consumer and
+// FlowOpt is an option that every source takes: New, for consumer and
 // share groups, and Backfill alike. The rows pass their options as
 // flowOpts only, so that when the option kinds change, this line is the
 // one to change.
-type flowOpt = ConsumerOpt
 
 // promise is the ordering a source promises.
 type promise int
@@ -61,38 +60,38 @@ type flowSource struct {
 	// run hands the cell's records to h until ctx ends (or, with
 	// endsByItself, until they are done), with the source's own options,
 	// then the harness's and the row's opts.
-	run func(ctx context.Context, cl *cell, h Handler, opts []flowOpt) error
+	run func(ctx context.Context, cl *cell, h Handler, opts []FlowOpt) error
 }
 
 // flowSources are the columns of the suite: every way to consume, in every
 // ordering mode it has.
 func flowSources() []flowSource {
 	return []flowSource{
-		groupSource("group-key", ByKey, promisesKeyOrder),
-		groupSource("group-partition", ByPartition, promisesPartitionOrder),
-		groupSource("group-unordered", Unordered, promisesNoOrder),
-		shareSource("share-key", ByKey, promisesKeyExclusive),
-		shareSource("share-unordered", Unordered, promisesNoOrder),
+		groupFlowSource("group-key", ByKey, promisesKeyOrder),
+		groupFlowSource("group-partition", ByPartition, promisesPartitionOrder),
+		groupFlowSource("group-unordered", Unordered, promisesNoOrder),
+		shareFlowSource("share-key", ByKey, promisesKeyExclusive),
+		shareFlowSource("share-unordered", Unordered, promisesNoOrder),
 		{name: "backfill", promise: promisesNoOrder, endsByItself: true, run: runBackfillSource},
 	}
 }
 
 // The sources' own options come first and the flowOpts after them, one by
-// one: each append compiles as long as a flowOpt is an option of the kind
+// one: each append compiles as long as a FlowOpt is an option of the kind
 // that New (or Backfill) takes.
 
-func groupSource(name string, o Order, p promise) flowSource {
+func groupFlowSource(name string, o Order, p promise) flowSource {
 	return memberSource(name, o, p, func(cl *cell) []ConsumerOpt { return testOpts(cl.c, cl.group, cl.topic) })
 }
 
-func shareSource(name string, o Order, p promise) flowSource {
+func shareFlowSource(name string, o Order, p promise) flowSource {
 	return memberSource(name, o, p, func(cl *cell) []ConsumerOpt { return shareOpts(cl.c, cl.group, cl.topic) })
 }
 
 // memberSource runs a Consumer of New with the options of base (which
 // name the group or share group) in ordering mode o.
 func memberSource(name string, o Order, p promise, base func(*cell) []ConsumerOpt) flowSource {
-	return flowSource{name: name, promise: p, run: func(ctx context.Context, cl *cell, h Handler, opts []flowOpt) error {
+	return flowSource{name: name, promise: p, run: func(ctx context.Context, cl *cell, h Handler, opts []FlowOpt) error {
 		all := append(base(cl), Ordering(o))
 		for _, opt := range opts {
 			all = append(all, opt)
@@ -108,7 +107,7 @@ func memberSource(name string, o Order, p promise, base func(*cell) []ConsumerOp
 // runBackfillSource reads the whole topic: every partition from offset 0
 // to its end (the first offset at or after a time to come is the high
 // watermark), with the cell's group named in dead letters.
-func runBackfillSource(ctx context.Context, cl *cell, h Handler, opts []flowOpt) error {
+func runBackfillSource(ctx context.Context, cl *cell, h Handler, opts []FlowOpt) error {
 	all := append(backfillOpts(cl.c), Group(cl.group))
 	for _, opt := range opts {
 		all = append(all, opt)
@@ -199,10 +198,10 @@ type flowRun struct {
 
 // start runs the source over the cell with h; the harness's options (its
 // hooks, fast retries) come before opts.
-func (cl *cell) start(h Handler, opts ...flowOpt) *flowRun {
+func (cl *cell) start(h Handler, opts ...FlowOpt) *flowRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &flowRun{t: cl.t, cancel: cancel, done: make(chan struct{})}
-	all := append([]flowOpt{WithHooks(cl.fin), RetryBackoff(time.Millisecond, 5*time.Millisecond)}, opts...)
+	all := append([]FlowOpt{WithHooks(cl.fin), RetryBackoff(time.Millisecond, 5*time.Millisecond)}, opts...)
 	go func() {
 		defer close(r.done)
 		r.err = cl.src.run(ctx, cl, h, all)
@@ -235,7 +234,7 @@ func (r *flowRun) stop() error {
 // by itself, until it returns; past flowBound it stops the run and fails
 // the test naming the records that did not finish. It returns the
 // source's error.
-func (cl *cell) run(h Handler, opts ...flowOpt) error {
+func (cl *cell) run(h Handler, opts ...FlowOpt) error {
 	cl.t.Helper()
 	r := cl.start(h, opts...)
 	bound := time.NewTimer(flowBound)
@@ -260,7 +259,7 @@ func (cl *cell) run(h Handler, opts ...flowOpt) error {
 // source refused the options at start (an error before any attempt) and
 // acceptedRefusals lists the cell: the row then passes as refused, and
 // checks nothing more.
-func (cl *cell) mustRun(h Handler, opts ...flowOpt) (ran bool) {
+func (cl *cell) mustRun(h Handler, opts ...FlowOpt) (ran bool) {
 	cl.t.Helper()
 	err := cl.run(h, opts...)
 	switch {

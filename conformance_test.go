@@ -30,30 +30,7 @@ import (
 // KPAR_CONFORMANCE_KNOWN=1: then it runs, and is expected to fail; one
 // that passes fails, asking for its entry to be deleted. Delete an entry
 // when its source moves onto the pipeline that gets the rule right.
-var knownFailures = map[string]string{
-	"outage/share-key":       "issue 28: share counts Overloaded attempts against MaxAttempts: records dead-lettered for the downstream's overload",
-	"outage/share-unordered": "issue 28: share counts Overloaded attempts against MaxAttempts: records dead-lettered for the downstream's overload",
-	"outage/backfill":        "issue 28: Backfill counts Overloaded attempts against MaxAttempts: every record dead-lettered for the downstream's overload",
-
-	"rate-limit/share-key":       "issue 28: share accepts RateLimit and ignores it: 30 starts within a millisecond",
-	"rate-limit/share-unordered": "issue 28: share accepts RateLimit and ignores it: 30 starts within a millisecond",
-	"rate-limit/backfill":        "issue 28: Backfill refuses RateLimit (\"not supported by Backfill\")",
-
-	"key-rate-limit/share-key":       "issue 28: share accepts KeyRateLimit and ignores it: a key's 10 starts within a millisecond",
-	"key-rate-limit/share-unordered": "issue 28: share accepts KeyRateLimit and ignores it: a key's 10 starts within a millisecond",
-	"key-rate-limit/backfill":        "issue 28: Backfill refuses KeyRateLimit (\"not supported by Backfill\")",
-
-	"adaptive/share-key":       "issue 28: New refuses AdaptiveConcurrency with ShareGroup",
-	"adaptive/share-unordered": "issue 28: New refuses AdaptiveConcurrency with ShareGroup",
-	"adaptive/backfill":        "issue 28: Backfill accepts AdaptiveConcurrency and ignores it: 16 in flight throughout the overload, every record dead-lettered",
-
-	"stuck/share-key":       "issue 28: share never calls HookRecordStuck (StuckAfter has no effect)",
-	"stuck/share-unordered": "issue 28: share never calls HookRecordStuck (StuckAfter has no effect)",
-	"stuck/backfill":        "issue 28: Backfill never calls HookRecordStuck (StuckAfter has no effect)",
-
-	"shutdown/backfill":             "issue 28: Backfill cancels the handlers at ShutdownTimeout but returns only the context's error, without ErrShutdownTimeout",
-	"shutdown-ctx-ignored/backfill": "issue 28: Backfill returns twice ShutdownTimeout after the cancel (the drain, then the wait for its workers)",
-}
+var knownFailures = map[string]string{}
 
 // acceptedRefusals are the cells, keyed "row/source", where the source
 // may refuse the row's options at start with an error (New's or
@@ -217,7 +194,7 @@ func atLeastSpan(n int, perSecond float64) time.Duration {
 
 // runLoggingStarts runs a handler that notes when each attempt starts and
 // succeeds, with opt; ran is mustRun's.
-func runLoggingStarts(cl *cell, opt flowOpt) (sl *startLog, ran bool) {
+func runLoggingStarts(cl *cell, opt FlowOpt) (sl *startLog, ran bool) {
 	cl.t.Helper()
 	sl = newStartLog()
 	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
