@@ -31,32 +31,32 @@ type KafkaSink struct {
 	counts  *partitionCounts
 }
 
-// KafkaOption configures a KafkaSink.
-type KafkaOption interface{ applyKafka(*KafkaSink) }
+// KafkaSinkOpt configures a KafkaSink.
+type KafkaSinkOpt interface{ applyKafka(*KafkaSink) }
 
-type kafkaOpt struct{ fn func(*KafkaSink) }
+type kafkaSinkOptFunc struct{ fn func(*KafkaSink) }
 
-func (o kafkaOpt) applyKafka(s *KafkaSink) { o.fn(s) }
+func (o kafkaSinkOptFunc) applyKafka(s *KafkaSink) { o.fn(s) }
 
-// Topic names the dead-letter topic of each source topic, overriding the
+// SinkTopicFunc names the dead-letter topic of each source topic, overriding the
 // default "<topic>.dlq".
-func Topic(fn func(src string) string) KafkaOption {
-	return kafkaOpt{func(s *KafkaSink) { s.topic = fn }}
+func SinkTopicFunc(fn func(src string) string) KafkaSinkOpt {
+	return kafkaSinkOptFunc{func(s *KafkaSink) { s.topic = fn }}
 }
 
-// TopicName writes every dead letter to one topic, overriding the default
+// SinkTopic writes every dead letter to one topic, overriding the default
 // "<topic>.dlq". An empty name keeps the default, so a flag left unset can
 // be passed straight through.
-func TopicName(name string) KafkaOption {
+func SinkTopic(name string) KafkaSinkOpt {
 	if name == "" {
-		return kafkaOpt{func(*KafkaSink) {}}
+		return kafkaSinkOptFunc{func(*KafkaSink) {}}
 	}
-	return Topic(func(string) string { return name })
+	return SinkTopicFunc(func(string) string { return name })
 }
 
-// Dialect sets the header names and encodings, overriding the default Kpar.
-func Dialect(d HeaderDialect) KafkaOption {
-	return kafkaOpt{func(s *KafkaSink) { s.dialect = d }}
+// SinkDialect sets the header names and encodings, overriding the default Kpar.
+func SinkDialect(d HeaderDialect) KafkaSinkOpt {
+	return kafkaSinkOptFunc{func(s *KafkaSink) { s.dialect = d }}
 }
 
 // NewKafkaSink returns a sink that produces through cl.
@@ -90,7 +90,7 @@ func Dialect(d HeaderDialect) KafkaOption {
 // built with kgo.AllowIdempotentProduceCancellation() (the duplicates that
 // may cause are dropped by readers). Close cl yourself after the last
 // Write.
-func NewKafkaSink(cl *kgo.Client, opts ...KafkaOption) *KafkaSink {
+func NewKafkaSink(cl *kgo.Client, opts ...KafkaSinkOpt) *KafkaSink {
 	s := &KafkaSink{
 		cl:     cl,
 		topic:  func(src string) string { return src + ".dlq" },

@@ -506,14 +506,14 @@ nothing, and prints what a run would send now.`, stderr)
 		defer cl.Close()
 	}
 
-	opts := []deadletter.ReplayOption{
-		deadletter.RunID(*runID),
-		deadletter.StateFile(state),
-		deadletter.To(*to),
-		deadletter.Filter(c.keep),
+	opts := []deadletter.ReplayOpt{
+		deadletter.ReplayRunID(*runID),
+		deadletter.ReplayStateFile(state),
+		deadletter.ReplayTo(*to),
+		deadletter.ReplayFilter(c.keep),
 	}
 	if *dryRun {
-		opts = append(opts, deadletter.DryRun(), deadletter.OnLetter(func(e deadletter.ReplayEvent) {
+		opts = append(opts, deadletter.ReplayDryRun(), deadletter.ReplayOnLetter(func(e deadletter.ReplayEvent) {
 			part := "?"
 			if e.Partition >= 0 {
 				part = fmt.Sprint(e.Partition)

@@ -634,7 +634,7 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 		}
 		return fs, func() { _ = fs.Close() }, nil
 	case "postgres":
-		var opts []pgsink.Option
+		var opts []pgsink.Opt
 		if s.table != "" {
 			opts = append(opts, pgsink.Table(s.table))
 		}
@@ -656,8 +656,8 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 	if err != nil {
 		return nil, nil, err
 	}
-	// TopicName("") keeps the sink's default, <topic>.dlq per topic.
-	return deadletter.NewKafkaSink(cl, deadletter.TopicName(s.topic)), cl.Close, nil
+	// SinkTopic("") keeps the sink's default, <topic>.dlq per topic.
+	return deadletter.NewKafkaSink(cl, deadletter.SinkTopic(s.topic)), cl.Close, nil
 }
 
 // splitBrokers splits a comma-separated list of host:port.

@@ -72,20 +72,20 @@ type Sink struct {
 
 var _ deadletter.Sink = (*Sink)(nil)
 
-// Option configures a Sink.
-type Option interface{ apply(*cfg) }
+// Opt configures a Sink.
+type Opt interface{ apply(*cfg) }
 
 type cfg struct{ table string }
 
-type opt func(*cfg)
+type optFunc func(*cfg)
 
-func (o opt) apply(c *cfg) { o(c) }
+func (o optFunc) apply(c *cfg) { o(c) }
 
 // Table names the table, overriding the default DefaultTable. The name is
 // an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes), optionally
 // qualified by a schema ("dlq.orders"); anything else makes the
 // constructor fail.
-func Table(name string) Option { return opt(func(c *cfg) { c.table = name }) }
+func Table(name string) Opt { return optFunc(func(c *cfg) { c.table = name }) }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -111,7 +111,7 @@ func tableIdent(name string) (string, error) {
 // so a consumer can start while PostgreSQL is down and block on Write as in
 // any other sink outage; any other error (bad table name, permissions) is
 // returned.
-func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Sink, error) {
+func New(ctx context.Context, pool *pgxpool.Pool, opts ...Opt) (*Sink, error) {
 	c := cfg{table: DefaultTable}
 	for _, o := range opts {
 		o.apply(&c)
@@ -140,7 +140,7 @@ ON CONFLICT (topic, partition, "offset") DO NOTHING`,
 // Open is New on a pool it opens from dsn (a URL or
 // key=value connection string, as pgxpool.ParseConfig takes); Close closes
 // that pool.
-func Open(ctx context.Context, dsn string, opts ...Option) (*Sink, error) {
+func Open(ctx context.Context, dsn string, opts ...Opt) (*Sink, error) {
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgsink: %w", err)
