@@ -7,7 +7,9 @@
 // partition, offset, key, value, headers, timestamp), plus why it failed
 // (Class, the last error's Message, the number of Attempts) and when
 // (FirstFailure, LastFailure). Its identity is the original's
-// "topic/partition/offset" (Letter.ID).
+// "topic/partition/offset" (Letter.ID), and the consumer Group that gave
+// up on it: several groups may dead-letter the same record, and each of
+// their letters is kept.
 //
 // A Sink stores dead letters durably: Write returns nil only once every
 // letter of the batch is durable, and on error the caller (kpar's engine)
@@ -15,7 +17,7 @@
 // makes duplicates possible wherever the medium cannot refuse them, so:
 //
 //   - pgsink.Sink (module github.com/kpar/kpar/deadletter/pgsink) is
-//     idempotent: one row per (topic, partition, offset),
+//     idempotent: one row per (group, topic, partition, offset),
 //     INSERT ... ON CONFLICT DO NOTHING.
 //   - KafkaSink and FileSink may store a letter twice (a batch retried after
 //     a partial failure, or a crash after the write but before the commit);

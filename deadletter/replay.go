@@ -75,6 +75,7 @@ type ReplayEvent struct {
 	Topic     string // where it goes
 	Partition int32  // the partition it goes to, -1 when unknown (ReplayDryRun without a client)
 	Skipped   bool   // already replayed by this run id: not sent again
+	Duplicate bool   // another group's letter of the same record came first in this run: not sent again
 	InDoubt   bool   // ReplayDryRun only: in an interrupted batch; a real run checks the target first
 }
 
@@ -84,6 +85,7 @@ type ReplayReport struct {
 	Read      int // dead letters read from the source
 	Filtered  int // rejected by the filter
 	Skipped   int // already replayed by this run id
+	Duplicate int // letters of a record another group's letter already took in this run
 	Recovered int // in doubt after an interrupted run, found in the target, not sent again
 	InDoubt   int // ReplayDryRun only: in doubt, would be checked in the target first
 	Replayed  int // sent (with ReplayDryRun: would be sent)
@@ -94,10 +96,12 @@ var runIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 // Replay sends the dead letters of src back to Kafka through cl: the
 // original key, value and headers, plus HeaderReplayedFrom (the dead
 // letter's ID, "topic/partition/offset" of the original record) and
-// HeaderReplayRun (the run id). Each goes to its original topic (or ReplayTo's),
-// to the partition with the original's number modulo the target's partition
-// count, in source order, so the records of one original partition stay in
-// order. The record timestamp is the time of the replay. cl must be built
+// HeaderReplayRun (the run id). Each goes to its original topic (or
+// ReplayTo's), to the partition with the original's number modulo the
+// target's partition count, in source order, so the records of one original
+// partition stay in order. A record that several groups dead-lettered is
+// sent once per run, for the first of its letters (every group consuming
+// the target reads it); filter by Letter.Group to replay one group's. The record timestamp is the time of the replay. cl must be built
 // with kgo.RecordPartitioner(kgo.ManualPartitioner()); it is not closed.
 //
 // Idempotency. A run id names one replay; by default the CLI derives it
@@ -152,7 +156,7 @@ func Replay(ctx context.Context, src Source, cl *kgo.Client, opts ...ReplayOpt) 
 	}
 	defer j.close()
 
-	r := &replayer{ctx: ctx, cfg: cfg, cl: cl, j: j, rep: &rep}
+	r := &replayer{ctx: ctx, cfg: cfg, cl: cl, j: j, rep: &rep, taken: make(map[string]bool)}
 	if cl != nil {
 		r.counts = &partitionCounts{cl: cl, n: make(map[string]int)}
 	}
@@ -177,6 +181,7 @@ type replayer struct {
 	counts *partitionCounts // nil without a client
 	batch  []*kgo.Record
 	ids    []string
+	taken  map[string]bool // IDs read in this run, so that each is sent once
 }
 
 func (r *replayer) add(l Letter) error {
@@ -191,6 +196,9 @@ func (r *replayer) add(l Letter) error {
 		ev.Topic = l.Record.Topic
 	}
 	switch {
+	case r.taken[id]:
+		ev.Duplicate = true
+		r.rep.Duplicate++
 	case r.j.sent[id]:
 		ev.Skipped = true
 		r.rep.Skipped++
@@ -198,6 +206,7 @@ func (r *replayer) add(l Letter) error {
 		ev.InDoubt = true
 		r.rep.InDoubt++
 	}
+	r.taken[id] = true
 	if r.counts != nil && !ev.Skipped {
 		n, err := r.counts.get(r.ctx, ev.Topic)
 		if err != nil {
@@ -208,7 +217,7 @@ func (r *replayer) add(l Letter) error {
 	if r.cfg.onLetter != nil {
 		r.cfg.onLetter(ev)
 	}
-	if ev.Skipped || ev.InDoubt {
+	if ev.Skipped || ev.InDoubt || ev.Duplicate {
 		return nil
 	}
 	r.rep.Replayed++
