@@ -68,6 +68,24 @@ func (l Letter) ID() string {
 	return fmt.Sprintf("%s/%d/%d", l.Record.Topic, l.Record.Partition, l.Record.Offset)
 }
 
+// Truncated reports whether a KafkaSink had to leave part of the record
+// out of this letter because its topic refused it as too large: its
+// headers include HeaderValueTruncated, HeaderKeyTruncated or
+// HeaderHeadersDropped. The original is then only in the source topic,
+// while its retention keeps it.
+func (l Letter) Truncated() bool {
+	if l.Record == nil {
+		return false
+	}
+	for _, h := range l.Record.Headers {
+		switch h.Key {
+		case HeaderValueTruncated, HeaderKeyTruncated, HeaderHeadersDropped:
+			return true
+		}
+	}
+	return false
+}
+
 // Sink stores dead letters durably.
 //
 // Write returns nil only once every letter is durable; on error the caller

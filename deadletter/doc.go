@@ -31,6 +31,9 @@
 // (KIP-1191's __dlq.errors.*, UTF-8 strings) plus kpar.* headers for what
 // that convention lacks; the Spring dialect writes Spring Kafka's
 // kafka_dlt-* headers so a Spring service can consume kpar's dead letters.
+// A letter too large for its topic is written with its value (then its key
+// and headers) left out and headers saying so, rather than retried for
+// ever: see KafkaSink.
 // NewFileSink appends JSON Lines and fsyncs. The PostgreSQL sink lives in
 // its own module, github.com/kpar/kpar/deadletter/pgsink, so that programs
 // without it link no database driver.

@@ -76,6 +76,7 @@ type ReplayEvent struct {
 	Partition int32  // the partition it goes to, -1 when unknown (ReplayDryRun without a client)
 	Skipped   bool   // already replayed by this run id: not sent again
 	Duplicate bool   // another group's letter of the same record came first in this run: not sent again
+	Truncated bool   // the sink cut the letter (Letter.Truncated): not sent, the record cannot be rebuilt from it
 	InDoubt   bool   // ReplayDryRun only: in an interrupted batch; a real run checks the target first
 }
 
@@ -86,6 +87,7 @@ type ReplayReport struct {
 	Filtered  int // rejected by the filter
 	Skipped   int // already replayed by this run id
 	Duplicate int // letters of a record another group's letter already took in this run
+	Truncated int // cut by the sink (Letter.Truncated): not sent
 	Recovered int // in doubt after an interrupted run, found in the target, not sent again
 	InDoubt   int // ReplayDryRun only: in doubt, would be checked in the target first
 	Replayed  int // sent (with ReplayDryRun: would be sent)
@@ -101,7 +103,9 @@ var runIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 // target's partition count, in source order, so the records of one original
 // partition stay in order. A record that several groups dead-lettered is
 // sent once per run, for the first of its letters (every group consuming
-// the target reads it); filter by Letter.Group to replay one group's. The record timestamp is the time of the replay. cl must be built
+// the target reads it); filter by Letter.Group to replay one group's. A
+// letter a KafkaSink had to cut (Letter.Truncated) is not sent: a record
+// without its value is not the record; ReplayReport.Truncated counts them. The record timestamp is the time of the replay. cl must be built
 // with kgo.RecordPartitioner(kgo.ManualPartitioner()); it is not closed.
 //
 // Idempotency. A run id names one replay; by default the CLI derives it
@@ -196,6 +200,9 @@ func (r *replayer) add(l Letter) error {
 		ev.Topic = l.Record.Topic
 	}
 	switch {
+	case l.Truncated():
+		ev.Truncated = true
+		r.rep.Truncated++
 	case r.taken[id]:
 		ev.Duplicate = true
 		r.rep.Duplicate++
@@ -206,7 +213,9 @@ func (r *replayer) add(l Letter) error {
 		ev.InDoubt = true
 		r.rep.InDoubt++
 	}
-	r.taken[id] = true
+	if !ev.Truncated { // another group's whole letter may follow
+		r.taken[id] = true
+	}
 	if r.counts != nil && !ev.Skipped {
 		n, err := r.counts.get(r.ctx, ev.Topic)
 		if err != nil {
@@ -217,7 +226,7 @@ func (r *replayer) add(l Letter) error {
 	if r.cfg.onLetter != nil {
 		r.cfg.onLetter(ev)
 	}
-	if ev.Skipped || ev.InDoubt || ev.Duplicate {
+	if ev.Skipped || ev.InDoubt || ev.Duplicate || ev.Truncated {
 		return nil
 	}
 	r.rep.Replayed++

@@ -587,6 +587,8 @@ nothing, and prints what a run would send now.`, stderr)
 			}
 			what := "would replay"
 			switch {
+			case e.Truncated:
+				what = "cut by the sink"
 			case e.Duplicate:
 				what = "same record"
 			case e.Skipped:
@@ -604,13 +606,16 @@ nothing, and prints what a run would send now.`, stderr)
 	if err != nil {
 		return dlqFail(stderr, "replay", err)
 	}
+	if rep.Truncated > 0 {
+		fmt.Fprintf(stderr, "kpar dlq replay: %d dead letters were too large for their topic and were written with parts of the record left out (kpar.value.truncated and the like): they are not replayed; 'kpar dlq list' shows their coordinates, so replay them from the source topic while its retention keeps them\n", rep.Truncated)
+	}
 	if *dryRun {
-		fmt.Fprintf(stdout, "dry run %s: %d would be replayed, %d already replayed, %d in doubt (a run checks the target for them first), %d of a record another group's letter already took, %d filtered out, of %d read; journal %s\n",
-			rep.RunID, rep.Replayed, rep.Skipped, rep.InDoubt, rep.Duplicate, rep.Filtered, rep.Read, dlqOrDash(state))
+		fmt.Fprintf(stdout, "dry run %s: %d would be replayed, %d already replayed, %d in doubt (a run checks the target for them first), %d of a record another group's letter already took, %d cut by the sink, %d filtered out, of %d read; journal %s\n",
+			rep.RunID, rep.Replayed, rep.Skipped, rep.InDoubt, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, dlqOrDash(state))
 		return 0
 	}
-	fmt.Fprintf(stdout, "run %s: replayed %d, already replayed %d, found sent after an interruption %d, same record as another group's letter %d, filtered out %d, of %d read; journal %s\n",
-		rep.RunID, rep.Replayed, rep.Skipped, rep.Recovered, rep.Duplicate, rep.Filtered, rep.Read, state)
+	fmt.Fprintf(stdout, "run %s: replayed %d, already replayed %d, found sent after an interruption %d, same record as another group's letter %d, cut by the sink %d, filtered out %d, of %d read; journal %s\n",
+		rep.RunID, rep.Replayed, rep.Skipped, rep.Recovered, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, state)
 	return 0
 }
 

@@ -657,7 +657,7 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 		return nil, nil, err
 	}
 	// SinkTopic("") keeps the sink's default, <topic>.dlq per topic.
-	return deadletter.NewKafkaSink(cl, deadletter.SinkTopic(s.topic)), cl.Close, nil
+	return deadletter.NewKafkaSink(cl, deadletter.SinkTopic(s.topic), deadletter.SinkLogger(log)), cl.Close, nil
 }
 
 // splitBrokers splits a comma-separated list of host:port.
