@@ -385,10 +385,11 @@ func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 Prints the dead letters of the source in its order (append order for files
 and tables, offset order within each partition for Kafka), one per line:
-last failure, class, original topic/partition/offset, attempts, group and
-the first line of the error. --json prints one JSON object per line instead,
-in the format of kpar's file sink, so the output can itself be read back
-with --source file://PATH.`, stderr)
+last failure, class, original topic/partition/offset, attempts, group,
+what the sink left out of a letter too large for its topic (cut=value,...),
+and the first line of the error. --json prints one JSON object per line
+instead, in the format of kpar's file sink, so the output can itself be
+read back with --source file://PATH.`, stderr)
 	limit := c.fs.Int("limit", 0, "print at most `N` dead letters (default all)")
 	since := c.fs.String("since", "", "only dead letters whose last failure is at or after `T`: a duration back from now (90m, 24h) or an RFC 3339 time")
 	asJSON := c.fs.Bool("json", false, "print JSON Lines instead of text")
@@ -429,8 +430,8 @@ with --source file://PATH.`, stderr)
 			stdout.Write(append(b, '\n'))
 		} else {
 			msg, _, _ := strings.Cut(l.Message, "\n")
-			fmt.Fprintf(stdout, "%-24s  %-9s  %s  attempts=%d  group=%s  %s\n",
-				dlqTime(l.LastFailure), l.Class, l.ID(), l.Attempts, dlqOrDash(l.Group), strings.TrimSpace(msg))
+			fmt.Fprintf(stdout, "%-24s  %-9s  %s  attempts=%d  group=%s  %s%s\n",
+				dlqTime(l.LastFailure), l.Class, l.ID(), l.Attempts, dlqOrDash(l.Group), dlqCut(l), strings.TrimSpace(msg))
 		}
 		n++
 		if *limit > 0 && n >= *limit {
@@ -445,6 +446,26 @@ with --source file://PATH.`, stderr)
 		fmt.Fprintln(stderr, line)
 	}
 	return 0
+}
+
+// dlqCut says what the sink left out of a letter too large for its topic
+// ("cut=value,key  "), or "".
+func dlqCut(l deadletter.Letter) string {
+	if !l.Truncated() {
+		return ""
+	}
+	var parts []string
+	for _, h := range l.Record.Headers {
+		switch h.Key {
+		case deadletter.HeaderValueTruncated:
+			parts = append(parts, "value")
+		case deadletter.HeaderKeyTruncated:
+			parts = append(parts, "key")
+		case deadletter.HeaderHeadersDropped:
+			parts = append(parts, "headers")
+		}
+	}
+	return "cut=" + strings.Join(parts, ",") + "  "
 }
 
 func dlqOrDash(s string) string {

@@ -370,6 +370,27 @@ func TestDLQGroups(t *testing.T) {
 	}
 }
 
+// TestDLQListShowsCutLetters: a letter the Kafka sink had to cut says so
+// in list, and replay leaves it out, saying why.
+func TestDLQListShowsCutLetters(t *testing.T) {
+	ctx := dlqCtx(t)
+	letters := dlqLetters()
+	r := letters[2].Record
+	r.Value = nil
+	r.Headers = append(r.Headers,
+		kgo.RecordHeader{Key: deadletter.HeaderValueTruncated, Value: []byte("true")},
+		kgo.RecordHeader{Key: deadletter.HeaderValueOriginalBytes, Value: []byte("5242880")})
+	env := newDLQEnv(t, ctx, dlqSourceCases()[1], letters...) // file
+	out := mustDLQ(t, ctx, "list", "--source", env.source)
+	if !strings.Contains(out, "orders/1/5  attempts=3  group=billing  cut=value  invalid json") || strings.Count(out, "cut=") != 1 {
+		t.Errorf("list does not mark the cut letter alone:\n%s", out)
+	}
+	code, out, errs := runDLQ(t, ctx, replayArgs(env, t.TempDir(), "--to", "replayed")...)
+	if code != 0 || !strings.Contains(out, "replayed 4,") || !strings.Contains(out, "cut by the sink 1,") || !strings.Contains(errs, "1 dead letters were too large") {
+		t.Errorf("replay: exit %d, stderr %q\n%s", code, errs, out)
+	}
+}
+
 // replayArgs is `kpar dlq replay` against env, with its own state dir.
 func replayArgs(env dlqEnv, stateDir string, extra ...string) []string {
 	args := []string{"replay", "--source", env.source, "--state-dir", stateDir}

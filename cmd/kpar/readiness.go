@@ -33,10 +33,11 @@ import (
 // commit that moved an offset. Both are sampled every sampleInterval.
 
 const (
-	// defaultReadyStall is the grace without progress, unless
-	// --ready-stall says otherwise or twice --attempt-timeout is longer: a
-	// single slow request must not make the member unready.
+	// defaultReadyStall is the grace without progress unless --ready-stall
+	// says otherwise or --attempt-timeout plus readyStallMargin is longer:
+	// a single slow request must not make the member unready.
 	defaultReadyStall = 15 * time.Second
+	readyStallMargin  = 5 * time.Second
 	sampleInterval    = time.Second
 	lagInterval       = 5 * time.Second
 	lagTimeout        = 3 * time.Second
@@ -72,7 +73,7 @@ func (f *stallFlag) Set(s string) error {
 // addReadyStall defines --ready-stall on fs.
 func addReadyStall(fs *flagSet) *stallFlag {
 	f := new(stallFlag)
-	fs.Var(f, "ready-stall", fmt.Sprintf("with --metrics-listen, /readyz answers 503 when records wait (buffered, in flight, or lag on the assigned partitions) and none finished, was dead-lettered or was committed for `D` (default %v, or twice --attempt-timeout when longer); the body says why", defaultReadyStall))
+	fs.Var(f, "ready-stall", fmt.Sprintf("with --metrics-listen, /readyz answers 503 when records wait (buffered, in flight, or lag on the assigned partitions) and none finished, was dead-lettered or was committed for `D` (default %v, or --attempt-timeout + %v when longer); the body says why", defaultReadyStall, readyStallMargin))
 	return f
 }
 
@@ -81,7 +82,7 @@ func (f *stallFlag) grace(attemptTimeout time.Duration) time.Duration {
 	if f.set {
 		return f.d
 	}
-	return max(defaultReadyStall, 2*attemptTimeout)
+	return max(defaultReadyStall, attemptTimeout+readyStallMargin)
 }
 
 // stallWatch tracks whether a Consumer makes progress. Pass its opts to

@@ -208,11 +208,11 @@ func TestReadinessCountsCommitsAndShareRecords(t *testing.T) {
 
 func TestReadyStallFlag(t *testing.T) {
 	var unset stallFlag
-	if g := unset.grace(time.Second); g != defaultReadyStall {
-		t.Errorf("default grace with a 1s attempt timeout = %v, want %v", g, defaultReadyStall)
+	if g := unset.grace(10 * time.Second); g != 15*time.Second {
+		t.Errorf("default grace with the default 10s attempt timeout = %v, want 15s", g)
 	}
-	if g := unset.grace(20 * time.Second); g != 40*time.Second {
-		t.Errorf("default grace with a 20s attempt timeout = %v, want 40s", g)
+	if g := unset.grace(time.Minute); g != 65*time.Second {
+		t.Errorf("default grace with a 1m attempt timeout = %v, want 1m5s", g)
 	}
 	var f stallFlag
 	for _, bad := range []string{"0s", "-1s", "soon"} {
