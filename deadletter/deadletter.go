@@ -56,9 +56,11 @@ type Letter struct {
 	LastFailure  time.Time // zero when unknown
 }
 
-// ID is the identity of a dead letter: its original record's
-// "topic/partition/offset". Sinks are idempotent and readers deduplicate by
-// this identity, and replay uses it as the value of HeaderReplayedFrom.
+// ID is the identity of a dead letter's original record:
+// "topic/partition/offset". Several consumer groups may dead-letter the
+// same record, so a letter is one (Group, ID) pair: sinks are idempotent
+// and readers deduplicate per pair, and Replay sends each ID once per run,
+// with the ID as the value of HeaderReplayedFrom.
 func (l Letter) ID() string {
 	if l.Record == nil {
 		return ""
@@ -66,14 +68,32 @@ func (l Letter) ID() string {
 	return fmt.Sprintf("%s/%d/%d", l.Record.Topic, l.Record.Partition, l.Record.Offset)
 }
 
+// Truncated reports whether a KafkaSink had to leave part of the record
+// out of this letter because its topic refused it as too large: its
+// headers include HeaderValueTruncated, HeaderKeyTruncated or
+// HeaderHeadersDropped. The original is then only in the source topic,
+// while its retention keeps it.
+func (l Letter) Truncated() bool {
+	if l.Record == nil {
+		return false
+	}
+	for _, h := range l.Record.Headers {
+		switch h.Key {
+		case HeaderValueTruncated, HeaderKeyTruncated, HeaderHeadersDropped:
+			return true
+		}
+	}
+	return false
+}
+
 // Sink stores dead letters durably.
 //
 // Write returns nil only once every letter is durable; on error the caller
-// retries the whole batch later. Write is therefore idempotent per original
-// (topic, partition, offset) where the medium allows it (pgsink); where it
-// does not (Kafka, files), a retried batch can store a letter twice and the
-// readers of this package drop the later copies. Write must be safe for
-// concurrent use.
+// retries the whole batch later. Write is therefore idempotent per letter
+// (group and original topic, partition and offset) where the medium allows
+// it (pgsink); where it does not (Kafka, files), a retried batch can store a
+// letter twice and the readers of this package drop the later copies.
+// Write must be safe for concurrent use.
 type Sink interface {
 	Write(ctx context.Context, letters []Letter) error
 }
@@ -82,8 +102,9 @@ type Sink interface {
 //
 // Read calls fn once per dead letter, in the medium's order (append order
 // for files and tables, offset order within each partition for Kafka),
-// dropping later copies of a letter already seen (same original topic,
-// partition and offset). It stops at the first error fn returns and
+// dropping later copies of a letter already seen (same group and original
+// topic, partition and offset); the letters of several groups for one
+// record are all passed on. It stops at the first error fn returns and
 // returns it. A Source holds no connection between Read calls, and Read may
 // be called again to read the same letters.
 type Source interface {
@@ -94,23 +115,25 @@ type Source interface {
 // Close.
 var ErrClosed = errors.New("deadletter: sink closed")
 
-// tpo identifies an original record; readers dedupe on it.
-type tpo struct {
+// letterKey identifies a letter: the group that gave up on a record, and
+// the record. Readers dedupe on it.
+type letterKey struct {
+	group     string
 	topic     string
 	partition int32
 	offset    int64
 }
 
-func keyOf(l Letter) tpo {
+func keyOf(l Letter) letterKey {
 	if l.Record == nil {
-		return tpo{}
+		return letterKey{group: l.Group}
 	}
-	return tpo{l.Record.Topic, l.Record.Partition, l.Record.Offset}
+	return letterKey{l.Group, l.Record.Topic, l.Record.Partition, l.Record.Offset}
 }
 
 // dedupe wraps fn so that letters already passed on are dropped.
 func dedupe(fn func(Letter) error) func(Letter) error {
-	seen := make(map[tpo]struct{})
+	seen := make(map[letterKey]struct{})
 	return func(l Letter) error {
 		k := keyOf(l)
 		if _, ok := seen[k]; ok {

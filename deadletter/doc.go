@@ -7,7 +7,9 @@
 // partition, offset, key, value, headers, timestamp), plus why it failed
 // (Class, the last error's Message, the number of Attempts) and when
 // (FirstFailure, LastFailure). Its identity is the original's
-// "topic/partition/offset" (Letter.ID).
+// "topic/partition/offset" (Letter.ID), and the consumer Group that gave
+// up on it: several groups may dead-letter the same record, and each of
+// their letters is kept.
 //
 // A Sink stores dead letters durably: Write returns nil only once every
 // letter of the batch is durable, and on error the caller (kpar's engine)
@@ -15,7 +17,7 @@
 // makes duplicates possible wherever the medium cannot refuse them, so:
 //
 //   - pgsink.Sink (module github.com/kpar/kpar/deadletter/pgsink) is
-//     idempotent: one row per (topic, partition, offset),
+//     idempotent: one row per (group, topic, partition, offset),
 //     INSERT ... ON CONFLICT DO NOTHING.
 //   - KafkaSink and FileSink may store a letter twice (a batch retried after
 //     a partial failure, or a crash after the write but before the commit);
@@ -29,6 +31,9 @@
 // (KIP-1191's __dlq.errors.*, UTF-8 strings) plus kpar.* headers for what
 // that convention lacks; the Spring dialect writes Spring Kafka's
 // kafka_dlt-* headers so a Spring service can consume kpar's dead letters.
+// A letter too large for its topic is written with its value (then its key
+// and headers) left out and headers saying so, rather than retried for
+// ever: see KafkaSink.
 // NewFileSink appends JSON Lines and fsyncs. The PostgreSQL sink lives in
 // its own module, github.com/kpar/kpar/deadletter/pgsink, so that programs
 // without it link no database driver.

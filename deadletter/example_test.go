@@ -24,7 +24,7 @@ func ExampleNewKafkaSink() {
 		panic(err)
 	}
 	defer cl.Close()
-	sink := deadletter.NewKafkaSink(cl, deadletter.Dialect(deadletter.Spring))
+	sink := deadletter.NewKafkaSink(cl, deadletter.SinkDialect(deadletter.Spring))
 	_ = sink // pass to kpar.DeadLetters(sink)
 }
 

@@ -30,6 +30,25 @@ const (
 	HeaderKparDeliveryCount = "kpar.delivery.count"
 )
 
+// Headers a KafkaSink adds, in both dialects, to a dead letter the broker
+// (or the client's ProducerBatchMaxBytes) refused as too large and that it
+// wrote again with parts of the original left out (see KafkaSink). Values
+// are UTF-8 strings. Readers keep them among the letter's headers, so that
+// Letter.Truncated reports the cut and Replay does not send a record with
+// a part missing.
+const (
+	HeaderValueTruncated     = "kpar.value.truncated"      // "true": the value is left out (nil)
+	HeaderValueOriginalBytes = "kpar.value.original.bytes" // the original value's size, decimal
+	HeaderKeyTruncated       = "kpar.key.truncated"        // "true": the key is left out (nil)
+	HeaderKeyOriginalBytes   = "kpar.key.original.bytes"   // the original key's size, decimal
+	// HeaderHeadersDropped lists the names of the original headers left
+	// out, comma-separated, in their order.
+	HeaderHeadersDropped = "kpar.headers.dropped"
+	// HeaderMessageTruncated is "true" when the error message header holds
+	// only the start of the error.
+	HeaderMessageTruncated = "kpar.message.truncated"
+)
+
 // Spring Kafka's dead-letter headers (KafkaHeaders.DLT_*), written by
 // DeadLetterPublishingRecoverer. Numbers are big-endian binary: partition 4
 // bytes, offset and timestamp 8 bytes (milliseconds since the epoch); the

@@ -128,39 +128,41 @@ func diffLetter(want, got Letter) string {
 
 func sameBytes(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
 
-// checkSameLetters checks that got holds exactly want, each once, and that
-// the letters of each original partition come in the order written.
+// checkSameLetters checks that got holds exactly want, each letter (group
+// and original record) once, and that each group's letters of an original
+// partition come in the order written.
 func checkSameLetters(t *testing.T, want, got []Letter) {
 	t.Helper()
-	byID := make(map[string]Letter)
+	key := func(l Letter) string { return l.Group + " " + l.ID() }
+	byKey := make(map[string]Letter)
 	for _, l := range want {
-		byID[l.ID()] = l
+		byKey[key(l)] = l
 	}
 	seen := make(map[string]bool)
 	lastOffset := make(map[string]int64)
 	for _, g := range got {
-		id := g.ID()
-		w, ok := byID[id]
+		k := key(g)
+		w, ok := byKey[k]
 		if !ok {
-			t.Errorf("unexpected dead letter %s", id)
+			t.Errorf("unexpected dead letter %s", k)
 			continue
 		}
-		if seen[id] {
-			t.Errorf("dead letter %s read twice", id)
+		if seen[k] {
+			t.Errorf("dead letter %s read twice", k)
 		}
-		seen[id] = true
+		seen[k] = true
 		if d := diffLetter(w, g); d != "" {
-			t.Errorf("%s: %s", id, d)
+			t.Errorf("%s: %s", k, d)
 		}
-		tp := fmt.Sprintf("%s/%d", g.Record.Topic, g.Record.Partition)
+		tp := fmt.Sprintf("%s %s/%d", g.Group, g.Record.Topic, g.Record.Partition)
 		if prev, ok := lastOffset[tp]; ok && g.Record.Offset < prev {
-			t.Errorf("%s read after offset %d of the same partition", id, prev)
+			t.Errorf("%s read after offset %d of the same partition", k, prev)
 		}
 		lastOffset[tp] = g.Record.Offset
 	}
-	for id := range byID {
-		if !seen[id] {
-			t.Errorf("dead letter %s missing", id)
+	for k := range byKey {
+		if !seen[k] {
+			t.Errorf("dead letter %s missing", k)
 		}
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,40 +26,71 @@ import (
 //
 // Kafka cannot reject a duplicate, so a batch retried after a partial
 // failure can store a letter twice; the Kafka Source drops the later copies.
+//
+// A letter too large for its topic. A dead letter is as large as its
+// record, and the dead-letter topic (or the producer's
+// ProducerBatchMaxBytes) may refuse what the source topic took: a 5 MB
+// record on a topic whose max.message.bytes is 1 MB. Retrying cannot help,
+// so when the broker or the client refuses a letter with MESSAGE_TOO_LARGE
+// or RECORD_LIST_TOO_LARGE, Write writes it again alone, each time cutting
+// more, until it fits:
+//
+//  1. whole, if it was refused within a batch (the batch was too large);
+//  2. without its value;
+//  3. also without its key, and without every original header larger than
+//     1 KiB (name and value);
+//  4. also without any original header, and with the error message cut to
+//     its first KiB.
+//
+// The letter written keeps the record's coordinates (topic, partition,
+// offset, timestamp), the group, the class and the error, and says what
+// was left out: HeaderValueTruncated and HeaderValueOriginalBytes, the
+// same for the key, HeaderHeadersDropped (their names) and
+// HeaderMessageTruncated. Each cut letter is logged once at warn
+// (SinkLogger). Letter.Truncated reports a cut letter, and Replay does not
+// send one. When even the last stage is refused, Write returns an error
+// saying to raise the topic's max.message.bytes; the caller retries it.
 type KafkaSink struct {
 	cl      *kgo.Client
 	topic   func(string) string
 	dialect HeaderDialect
+	log     *slog.Logger
 	manual  bool // cl's partitioner places records on Record.Partition
 	counts  *partitionCounts
 }
 
-// KafkaOption configures a KafkaSink.
-type KafkaOption interface{ applyKafka(*KafkaSink) }
+// KafkaSinkOpt configures a KafkaSink.
+type KafkaSinkOpt interface{ applyKafka(*KafkaSink) }
 
-type kafkaOpt struct{ fn func(*KafkaSink) }
+type kafkaSinkOptFunc struct{ fn func(*KafkaSink) }
 
-func (o kafkaOpt) applyKafka(s *KafkaSink) { o.fn(s) }
+func (o kafkaSinkOptFunc) applyKafka(s *KafkaSink) { o.fn(s) }
 
-// Topic names the dead-letter topic of each source topic, overriding the
+// SinkTopicFunc names the dead-letter topic of each source topic, overriding the
 // default "<topic>.dlq".
-func Topic(fn func(src string) string) KafkaOption {
-	return kafkaOpt{func(s *KafkaSink) { s.topic = fn }}
+func SinkTopicFunc(fn func(src string) string) KafkaSinkOpt {
+	return kafkaSinkOptFunc{func(s *KafkaSink) { s.topic = fn }}
 }
 
-// TopicName writes every dead letter to one topic, overriding the default
+// SinkTopic writes every dead letter to one topic, overriding the default
 // "<topic>.dlq". An empty name keeps the default, so a flag left unset can
 // be passed straight through.
-func TopicName(name string) KafkaOption {
+func SinkTopic(name string) KafkaSinkOpt {
 	if name == "" {
-		return kafkaOpt{func(*KafkaSink) {}}
+		return kafkaSinkOptFunc{func(*KafkaSink) {}}
 	}
-	return Topic(func(string) string { return name })
+	return SinkTopicFunc(func(string) string { return name })
 }
 
-// Dialect sets the header names and encodings, overriding the default Kpar.
-func Dialect(d HeaderDialect) KafkaOption {
-	return kafkaOpt{func(s *KafkaSink) { s.dialect = d }}
+// SinkDialect sets the header names and encodings, overriding the default Kpar.
+func SinkDialect(d HeaderDialect) KafkaSinkOpt {
+	return kafkaSinkOptFunc{func(s *KafkaSink) { s.dialect = d }}
+}
+
+// SinkLogger sets the logger of the warnings about letters too large for
+// their topic, overriding the default that discards.
+func SinkLogger(l *slog.Logger) KafkaSinkOpt {
+	return kafkaSinkOptFunc{func(s *KafkaSink) { s.log = l }}
 }
 
 // NewKafkaSink returns a sink that produces through cl.
@@ -90,15 +124,19 @@ func Dialect(d HeaderDialect) KafkaOption {
 // built with kgo.AllowIdempotentProduceCancellation() (the duplicates that
 // may cause are dropped by readers). Close cl yourself after the last
 // Write.
-func NewKafkaSink(cl *kgo.Client, opts ...KafkaOption) *KafkaSink {
+func NewKafkaSink(cl *kgo.Client, opts ...KafkaSinkOpt) *KafkaSink {
 	s := &KafkaSink{
 		cl:     cl,
 		topic:  func(src string) string { return src + ".dlq" },
+		log:    slog.New(slog.DiscardHandler),
 		manual: honoursPartitionField(cl),
 		counts: newPartitionCounts(cl),
 	}
 	for _, o := range opts {
 		o.applyKafka(s)
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
 	}
 	return s
 }
@@ -111,19 +149,12 @@ func (s *KafkaSink) Write(ctx context.Context, letters []Letter) error {
 		return nil
 	}
 	recs := make([]*kgo.Record, 0, len(letters))
-	for _, l := range letters {
+	index := make(map[*kgo.Record]int, len(letters))
+	for i, l := range letters {
 		if l.Record == nil {
 			return errors.New("deadletter: dead letter without a record")
 		}
-		extra := EncodeHeaders(l, s.dialect)
-		rec := &kgo.Record{
-			Topic:   s.topic(l.Record.Topic),
-			Key:     l.Record.Key,
-			Value:   l.Record.Value,
-			Headers: make([]kgo.RecordHeader, 0, len(l.Record.Headers)+len(extra)),
-			Context: ctx,
-		}
-		rec.Headers = append(append(rec.Headers, l.Record.Headers...), extra...)
+		rec := s.record(ctx, l, nil)
 		if s.manual {
 			n, err := s.counts.get(ctx, rec.Topic)
 			if err != nil {
@@ -131,12 +162,44 @@ func (s *KafkaSink) Write(ctx context.Context, letters []Letter) error {
 			}
 			rec.Partition = mapPartition(l.Record.Partition, n)
 		}
+		index[rec] = i
 		recs = append(recs, rec)
 	}
-	if err := s.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	refused := make(map[int]error) // letter -> its refusal as too large
+	var err error
+	for _, res := range s.cl.ProduceSync(ctx, recs...) {
+		switch {
+		case res.Err == nil:
+		case tooLarge(res.Err):
+			refused[index[res.Record]] = res.Err
+		case err == nil:
+			err = res.Err
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("deadletter: producing %d dead letters: %w", len(recs), err)
 	}
+	for _, i := range slices.Sorted(maps.Keys(refused)) {
+		if err := s.writeShrunk(ctx, letters[i], recs[i].Partition, len(recs) == 1, refused[i]); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// record is l's dead letter: the original's key, value and headers, then
+// the dialect's headers, then marks.
+func (s *KafkaSink) record(ctx context.Context, l Letter, marks []kgo.RecordHeader) *kgo.Record {
+	extra := EncodeHeaders(l, s.dialect)
+	rec := &kgo.Record{
+		Topic:   s.topic(l.Record.Topic),
+		Key:     l.Record.Key,
+		Value:   l.Record.Value,
+		Headers: make([]kgo.RecordHeader, 0, len(l.Record.Headers)+len(extra)+len(marks)),
+		Context: ctx,
+	}
+	rec.Headers = append(append(append(rec.Headers, l.Record.Headers...), extra...), marks...)
+	return rec
 }
 
 // mapPartition keeps p when the target has more than p partitions, else

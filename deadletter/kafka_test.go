@@ -131,7 +131,7 @@ func checkHeaders(t *testing.T, got, want []kgo.RecordHeader) {
 func TestKafkaSinkSpringDialect(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(3, "orders.DLT"))
-	sink := NewKafkaSink(newClient(t, c), Dialect(Spring), Topic(func(src string) string { return src + ".DLT" }))
+	sink := NewKafkaSink(newClient(t, c), SinkDialect(Spring), SinkTopicFunc(func(src string) string { return src + ".DLT" }))
 	want := sampleLetters("orders")
 	if err := sink.Write(ctx, want); err != nil {
 		t.Fatal(err)
@@ -223,7 +223,7 @@ func TestKafkaSinkDefaultPartitionerStillDelivers(t *testing.T) {
 func TestKafkaSinkTopicOptions(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(1, "all-dead"))
-	sink := NewKafkaSink(newClient(t, c), TopicName("all-dead"))
+	sink := NewKafkaSink(newClient(t, c), SinkTopic("all-dead"))
 	want := []Letter{letterAt("a", 0, 1), letterAt("b", 3, 2)}
 	if err := sink.Write(ctx, want); err != nil {
 		t.Fatal(err)

@@ -17,8 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// ReplayOption configures Replay.
-type ReplayOption interface{ applyReplay(*replayCfg) }
+// ReplayOpt configures Replay.
+type ReplayOpt interface{ applyReplay(*replayCfg) }
 
 type replayCfg struct {
 	to       string
@@ -30,49 +30,54 @@ type replayCfg struct {
 	batch    int
 }
 
-type replayOpt struct{ fn func(*replayCfg) }
+type replayOptFunc struct{ fn func(*replayCfg) }
 
-func (o replayOpt) applyReplay(c *replayCfg) { o.fn(c) }
+func (o replayOptFunc) applyReplay(c *replayCfg) { o.fn(c) }
 
-// To sends every replayed record to topic, overriding the default: each
-// dead letter's original topic.
-func To(topic string) ReplayOption { return replayOpt{func(c *replayCfg) { c.to = topic }} }
+// ReplayTo sends every replayed record to topic, overriding the default:
+// each dead letter's original topic.
+func ReplayTo(topic string) ReplayOpt { return replayOptFunc{func(c *replayCfg) { c.to = topic }} }
 
-// RunID names the replay run (required): [A-Za-z0-9._-], at most 200
+// ReplayRunID names the replay run (required): [A-Za-z0-9._-], at most 200
 // bytes. A dead letter is sent at most once per run id; see Replay.
-func RunID(id string) ReplayOption { return replayOpt{func(c *replayCfg) { c.runID = id }} }
+func ReplayRunID(id string) ReplayOpt { return replayOptFunc{func(c *replayCfg) { c.runID = id }} }
 
-// StateFile is the run's journal (required unless DryRun). Its directory
-// is created if missing.
-func StateFile(path string) ReplayOption { return replayOpt{func(c *replayCfg) { c.state = path }} }
-
-// Filter replays only the dead letters fn accepts, overriding the default
-// of all.
-func Filter(fn func(Letter) bool) ReplayOption {
-	return replayOpt{func(c *replayCfg) { c.filter = fn }}
+// ReplayStateFile is the run's journal (required unless ReplayDryRun).
+// Its directory is created if missing.
+func ReplayStateFile(path string) ReplayOpt {
+	return replayOptFunc{func(c *replayCfg) { c.state = path }}
 }
 
-// DryRun sends nothing and writes no state: Replay reports, through
-// OnLetter and its ReplayReport, what a real run would do now.
-func DryRun() ReplayOption { return replayOpt{func(c *replayCfg) { c.dryRun = true }} }
+// ReplayFilter replays only the dead letters fn accepts, overriding the
+// default of all.
+func ReplayFilter(fn func(Letter) bool) ReplayOpt {
+	return replayOptFunc{func(c *replayCfg) { c.filter = fn }}
+}
 
-// OnLetter calls fn for every dead letter the filter accepts, before it is
-// sent (or, with DryRun, instead), from the goroutine that called Replay.
-func OnLetter(fn func(ReplayEvent)) ReplayOption {
-	return replayOpt{func(c *replayCfg) { c.onLetter = fn }}
+// ReplayDryRun sends nothing and writes no state: Replay reports, through
+// ReplayOnLetter and its ReplayReport, what a real run would do now.
+func ReplayDryRun() ReplayOpt { return replayOptFunc{func(c *replayCfg) { c.dryRun = true }} }
+
+// ReplayOnLetter calls fn for every dead letter the filter accepts, before
+// it is sent (or, with ReplayDryRun, instead), from the goroutine that
+// called Replay.
+func ReplayOnLetter(fn func(ReplayEvent)) ReplayOpt {
+	return replayOptFunc{func(c *replayCfg) { c.onLetter = fn }}
 }
 
 // ReplayBatch sets how many records are journaled and produced together,
 // overriding the default 500. It bounds what a crash leaves in doubt.
-func ReplayBatch(n int) ReplayOption { return replayOpt{func(c *replayCfg) { c.batch = n }} }
+func ReplayBatch(n int) ReplayOpt { return replayOptFunc{func(c *replayCfg) { c.batch = n }} }
 
 // ReplayEvent is one dead letter as Replay handles it.
 type ReplayEvent struct {
 	Letter    Letter
 	Topic     string // where it goes
-	Partition int32  // the partition it goes to, -1 when unknown (DryRun without a client)
+	Partition int32  // the partition it goes to, -1 when unknown (ReplayDryRun without a client)
 	Skipped   bool   // already replayed by this run id: not sent again
-	InDoubt   bool   // DryRun only: in an interrupted batch; a real run checks the target first
+	Duplicate bool   // another group's letter of the same record came first in this run: not sent again
+	Truncated bool   // the sink cut the letter (Letter.Truncated): not sent, the record cannot be rebuilt from it
+	InDoubt   bool   // ReplayDryRun only: in an interrupted batch; a real run checks the target first
 }
 
 // ReplayReport counts what Replay did.
@@ -81,9 +86,11 @@ type ReplayReport struct {
 	Read      int // dead letters read from the source
 	Filtered  int // rejected by the filter
 	Skipped   int // already replayed by this run id
+	Duplicate int // letters of a record another group's letter already took in this run
+	Truncated int // cut by the sink (Letter.Truncated): not sent
 	Recovered int // in doubt after an interrupted run, found in the target, not sent again
-	InDoubt   int // DryRun only: in doubt, would be checked in the target first
-	Replayed  int // sent (with DryRun: would be sent)
+	InDoubt   int // ReplayDryRun only: in doubt, would be checked in the target first
+	Replayed  int // sent (with ReplayDryRun: would be sent)
 }
 
 var runIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
@@ -91,16 +98,20 @@ var runIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 // Replay sends the dead letters of src back to Kafka through cl: the
 // original key, value and headers, plus HeaderReplayedFrom (the dead
 // letter's ID, "topic/partition/offset" of the original record) and
-// HeaderReplayRun (the run id). Each goes to its original topic (or To's),
-// to the partition with the original's number modulo the target's partition
-// count, in source order, so the records of one original partition stay in
-// order. The record timestamp is the time of the replay. cl must be built
+// HeaderReplayRun (the run id). Each goes to its original topic (or
+// ReplayTo's), to the partition with the original's number modulo the
+// target's partition count, in source order, so the records of one original
+// partition stay in order. A record that several groups dead-lettered is
+// sent once per run, for the first of its letters (every group consuming
+// the target reads it); filter by Letter.Group to replay one group's. A
+// letter a KafkaSink had to cut (Letter.Truncated) is not sent: a record
+// without its value is not the record; ReplayReport.Truncated counts them. The record timestamp is the time of the replay. cl must be built
 // with kgo.RecordPartitioner(kgo.ManualPartitioner()); it is not closed.
 //
 // Idempotency. A run id names one replay; by default the CLI derives it
 // from the source URL, the target and the filter, so re-running the same
 // command resumes the same run. Replay keeps a journal of the run in the
-// StateFile (JSON lines, fsynced, locked while a run is active so two
+// ReplayStateFile (JSON lines, fsynced, locked while a run is active so two
 // processes cannot run the same id at once) and sends in batches:
 //
 //  1. it appends "pending" with the batch's IDs and the target partitions'
@@ -118,7 +129,7 @@ var runIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 // Dead letters that reached the source after a run are sent by the next
 // run of the same id. A failed Replay returns its error with the journal
 // consistent; run it again.
-func Replay(ctx context.Context, src Source, cl *kgo.Client, opts ...ReplayOption) (ReplayReport, error) {
+func Replay(ctx context.Context, src Source, cl *kgo.Client, opts ...ReplayOpt) (ReplayReport, error) {
 	cfg := replayCfg{batch: 500}
 	for _, o := range opts {
 		o.applyReplay(&cfg)
@@ -149,7 +160,7 @@ func Replay(ctx context.Context, src Source, cl *kgo.Client, opts ...ReplayOptio
 	}
 	defer j.close()
 
-	r := &replayer{ctx: ctx, cfg: cfg, cl: cl, j: j, rep: &rep}
+	r := &replayer{ctx: ctx, cfg: cfg, cl: cl, j: j, rep: &rep, taken: make(map[string]bool)}
 	if cl != nil {
 		r.counts = &partitionCounts{cl: cl, n: make(map[string]int)}
 	}
@@ -174,6 +185,7 @@ type replayer struct {
 	counts *partitionCounts // nil without a client
 	batch  []*kgo.Record
 	ids    []string
+	taken  map[string]bool // IDs read in this run, so that each is sent once
 }
 
 func (r *replayer) add(l Letter) error {
@@ -188,12 +200,21 @@ func (r *replayer) add(l Letter) error {
 		ev.Topic = l.Record.Topic
 	}
 	switch {
+	case l.Truncated():
+		ev.Truncated = true
+		r.rep.Truncated++
+	case r.taken[id]:
+		ev.Duplicate = true
+		r.rep.Duplicate++
 	case r.j.sent[id]:
 		ev.Skipped = true
 		r.rep.Skipped++
 	case r.cfg.dryRun && r.j.inDoubt(id):
 		ev.InDoubt = true
 		r.rep.InDoubt++
+	}
+	if !ev.Truncated { // another group's whole letter may follow
+		r.taken[id] = true
 	}
 	if r.counts != nil && !ev.Skipped {
 		n, err := r.counts.get(r.ctx, ev.Topic)
@@ -205,7 +226,7 @@ func (r *replayer) add(l Letter) error {
 	if r.cfg.onLetter != nil {
 		r.cfg.onLetter(ev)
 	}
-	if ev.Skipped || ev.InDoubt {
+	if ev.Skipped || ev.InDoubt || ev.Duplicate || ev.Truncated {
 		return nil
 	}
 	r.rep.Replayed++

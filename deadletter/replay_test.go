@@ -77,9 +77,9 @@ func TestDeadLetterReplayOncePerRun(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state", "run.journal")
 
 	var events []ReplayEvent
-	rep, err := Replay(ctx, src, cl, RunID("run-1"), StateFile(state), ReplayBatch(2),
-		Filter(func(l Letter) bool { return l.Class != ClassPanic }),
-		OnLetter(func(e ReplayEvent) { events = append(events, e) }))
+	rep, err := Replay(ctx, src, cl, ReplayRunID("run-1"), ReplayStateFile(state), ReplayBatch(2),
+		ReplayFilter(func(l Letter) bool { return l.Class != ClassPanic }),
+		ReplayOnLetter(func(e ReplayEvent) { events = append(events, e) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,15 +94,15 @@ func TestDeadLetterReplayOncePerRun(t *testing.T) {
 	}
 
 	// The same run again sends nothing; the filter widened sends the rest.
-	rep, err = Replay(ctx, src, cl, RunID("run-1"), StateFile(state),
-		Filter(func(l Letter) bool { return l.Class != ClassPanic }))
+	rep, err = Replay(ctx, src, cl, ReplayRunID("run-1"), ReplayStateFile(state),
+		ReplayFilter(func(l Letter) bool { return l.Class != ClassPanic }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.Replayed != 0 || rep.Skipped != 4 {
 		t.Fatalf("re-run: %+v", rep)
 	}
-	rep, err = Replay(ctx, src, cl, RunID("run-1"), StateFile(state))
+	rep, err = Replay(ctx, src, cl, ReplayRunID("run-1"), ReplayStateFile(state))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestDeadLetterReplayRecoversInDoubtBatch(t *testing.T) {
 
 	// A dry run tells, and changes nothing.
 	before, _ := os.ReadFile(state)
-	rep, err := Replay(ctx, src, nil, RunID("r"), StateFile(state), DryRun())
+	rep, err := Replay(ctx, src, nil, ReplayRunID("r"), ReplayStateFile(state), ReplayDryRun())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestDeadLetterReplayRecoversInDoubtBatch(t *testing.T) {
 		t.Fatal("dry run changed the state file")
 	}
 
-	rep, err = Replay(ctx, src, cl, RunID("r"), StateFile(state))
+	rep, err = Replay(ctx, src, cl, ReplayRunID("r"), ReplayStateFile(state))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,12 +231,12 @@ func TestDeadLetterReplayChecksItsSetup(t *testing.T) {
 	src := fileSourceOf(t, ctx, sampleLetters("orders"))
 	state := filepath.Join(t.TempDir(), "j")
 	sticky := newClient(t, c, kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
-	for name, opts := range map[string][]ReplayOption{
-		"no run id":     {StateFile(state)},
-		"bad run id":    {RunID("a/b"), StateFile(state)},
-		"no state":      {RunID("r")},
-		"sticky":        {RunID("r"), StateFile(state)},
-		"missing topic": {RunID("r"), StateFile(state), To("nope")},
+	for name, opts := range map[string][]ReplayOpt{
+		"no run id":     {ReplayStateFile(state)},
+		"bad run id":    {ReplayRunID("a/b"), ReplayStateFile(state)},
+		"no state":      {ReplayRunID("r")},
+		"sticky":        {ReplayRunID("r"), ReplayStateFile(state)},
+		"missing topic": {ReplayRunID("r"), ReplayStateFile(state), ReplayTo("nope")},
 	} {
 		cl := newClient(t, c)
 		if name == "sticky" {

@@ -100,6 +100,29 @@ func TestSinkSuite(t *testing.T) {
 				checkSameLetters(t, []Letter{l}, readAll(t, ctx, src))
 			})
 
+			t.Run("EveryGroupKeepsItsLetter", func(t *testing.T) {
+				// Two groups consuming one topic dead-letter the same
+				// records: both sets are stored and read back.
+				ctx := testCtx(t)
+				sink, url := sc.open(t, ctx)
+				billing := sampleLetters("orders")
+				var audit []Letter
+				for _, l := range billing {
+					l.Group, l.Message = "audit", "audit: "+l.Message
+					audit = append(audit, l)
+				}
+				for _, b := range [][]Letter{billing, audit, billing[:2]} {
+					if err := sink.Write(ctx, b); err != nil {
+						t.Fatalf("Write: %v", err)
+					}
+				}
+				src, err := OpenSource(ctx, url)
+				if err != nil {
+					t.Fatalf("OpenSource: %v", err)
+				}
+				checkSameLetters(t, append(billing, audit...), readAll(t, ctx, src))
+			})
+
 			t.Run("EmptyBatch", func(t *testing.T) {
 				ctx := testCtx(t)
 				sink, url := sc.open(t, ctx)

@@ -28,7 +28,7 @@ import (
 // programs that do not need it.
 //
 // Every source drops later copies of a letter it already passed on (same
-// original topic, partition and offset), keeping the first.
+// group and original topic, partition and offset), keeping the first.
 func OpenSource(ctx context.Context, rawURL string) (Source, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {

@@ -64,6 +64,8 @@ subcommands:
 Sources: kafka://HOST:PORT[,...]/TOPIC[,...] (kpar, Spring Kafka, Kafka Connect
 and Kafka Streams dead-letter topics), file://PATH (kpar's JSON Lines files),
 postgres://... or postgresql://... (kpar's table; kpar_table=NAME picks another).
+Each letter names the consumer group that gave up on it; one source may
+hold the letters of several groups, and --group picks one group's.
 Run 'kpar dlq SUBCOMMAND --help' for its flags. Every flag also reads KPAR_<FLAG>.
 `)
 }
@@ -73,6 +75,7 @@ type dlqCommon struct {
 	fs     *flagSet
 	source *string
 	class  *string
+	group  *string
 	sec    *securityOpts
 }
 
@@ -82,6 +85,7 @@ func newDLQFlags(name, synopsis string, stderr io.Writer) *dlqCommon {
 		fs:     fs,
 		source: fs.String("source", "", dlqSourceHelp),
 		class:  fs.String("error-class", "", "only dead letters of `CLASS`: permanent, exhausted, timeout, panic or unknown"),
+		group:  fs.String("group", "", "only dead letters of consumer group `G`, as each letter records it (__dlq.errors.group; Spring's kafka_dlt-original-consumer-group; connect-<connector> for Kafka Connect's); without it, the letters of every group are read and a line on stderr says when several were merged"),
 		sec:    securityFlags(fs),
 	}
 }
@@ -135,9 +139,39 @@ func (c *dlqCommon) open(ctx context.Context) (deadletter.Source, error) {
 	return deadletter.OpenKafkaSource(cctx, brokers, topics, opts...)
 }
 
-// keep reports whether l passes the --error-class filter.
+// keep reports whether l passes the --error-class and --group filters.
 func (c *dlqCommon) keep(l deadletter.Letter) bool {
-	return *c.class == "" || string(l.Class) == *c.class
+	return (*c.class == "" || string(l.Class) == *c.class) && (*c.group == "" || l.Group == *c.group)
+}
+
+// groupCounts counts letters per group, so that a command reading the
+// letters of several groups can say so.
+type groupCounts map[string]int
+
+// merged is the line that tells the user the letters of several groups
+// were read together, or "" for one group (or --group).
+func (g groupCounts) merged(name string) string {
+	if len(g) < 2 {
+		return ""
+	}
+	names := make([]string, 0, len(g))
+	for k := range g {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, k := range names {
+		parts[i] = fmt.Sprintf("%s (%d)", dlqGroupName(k), g[k])
+	}
+	return fmt.Sprintf("kpar dlq %s: dead letters of %d groups merged: %s; pass --group G for one group's", name, len(g), strings.Join(parts, ", "))
+}
+
+// dlqGroupName shows a letter without a group (Kafka Streams records none).
+func dlqGroupName(g string) string {
+	if g == "" {
+		return "(no group)"
+	}
+	return g
 }
 
 func dlqFail(stderr io.Writer, name string, err error) int {
@@ -159,19 +193,21 @@ type dlqStatsReport struct {
 	OldestLastFailure  *time.Time     `json:"oldest_last_failure"`
 	NewestLastFailure  *time.Time     `json:"newest_last_failure"`
 	UnknownLastFailure int            `json:"unknown_last_failure"`
+	ByGroup            map[string]int `json:"by_group"` // "" for letters that record no group
 	ByClass            map[string]int `json:"by_class"`
 	ByMessage          []dlqCount     `json:"by_message"`
 	ByPartition        []dlqCount     `json:"by_partition"`
 }
 
 func dlqStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newDLQFlags("stats", ` --source URL [--error-class C] [--json]
+	c := newDLQFlags("stats", ` --source URL [--group G] [--error-class C] [--json]
 
 Reads every dead letter of the source once and prints: the total; the oldest
-and newest last failure; counts by error class; by error message, normalised
-(first line only, UUIDs, hex strings and numbers replaced by <uuid>, <hex>
-and <n>, blanks collapsed), most frequent first; and by original
-topic/partition. --json prints the same as one JSON object.`, stderr)
+and newest last failure; counts by consumer group (a record that two groups
+dead-lettered counts once for each); by error class; by error message,
+normalised (first line only, UUIDs, hex strings and numbers replaced by
+<uuid>, <hex> and <n>, blanks collapsed), most frequent first; and by
+original topic/partition. --json prints the same as one JSON object.`, stderr)
 	asJSON := c.fs.Bool("json", false, "print one JSON object instead of text")
 	if code, ok := c.fs.parse(args); !ok {
 		return code
@@ -184,7 +220,7 @@ topic/partition. --json prints the same as one JSON object.`, stderr)
 		return dlqFail(stderr, "stats", err)
 	}
 
-	rep := dlqStatsReport{ByClass: map[string]int{}}
+	rep := dlqStatsReport{ByGroup: map[string]int{}, ByClass: map[string]int{}}
 	byMsg := map[string]int{}
 	type tp struct {
 		topic string
@@ -196,6 +232,7 @@ topic/partition. --json prints the same as one JSON object.`, stderr)
 			return nil
 		}
 		rep.Total++
+		rep.ByGroup[l.Group]++
 		rep.ByClass[string(l.Class)]++
 		byMsg[dlqNormalise(l.Message)]++
 		byTP[tp{l.Record.Topic, l.Record.Partition}]++
@@ -235,6 +272,9 @@ topic/partition. --json prints the same as one JSON object.`, stderr)
 		}
 	}
 
+	if line := groupCounts(rep.ByGroup).merged("stats"); line != "" {
+		fmt.Fprintln(stderr, line)
+	}
 	if *asJSON {
 		if rep.ByMessage == nil {
 			rep.ByMessage = []dlqCount{}
@@ -258,16 +298,12 @@ topic/partition. --json prints the same as one JSON object.`, stderr)
 	if rep.Total == 0 {
 		return 0
 	}
-	fmt.Fprintln(stdout, "\nby error class:")
-	classes := make([]string, 0, len(rep.ByClass))
-	for k := range rep.ByClass {
-		classes = append(classes, k)
+	fmt.Fprintln(stdout, "\nby group:")
+	for _, k := range byCount(rep.ByGroup) {
+		fmt.Fprintf(stdout, "  %7d  %s\n", rep.ByGroup[k], dlqGroupName(k))
 	}
-	sort.Slice(classes, func(i, j int) bool {
-		a, b := classes[i], classes[j]
-		return rep.ByClass[a] > rep.ByClass[b] || rep.ByClass[a] == rep.ByClass[b] && a < b
-	})
-	for _, k := range classes {
+	fmt.Fprintln(stdout, "\nby error class:")
+	for _, k := range byCount(rep.ByClass) {
 		fmt.Fprintf(stdout, "  %7d  %s\n", rep.ByClass[k], k)
 	}
 	fmt.Fprintln(stdout, "\nby error message (normalised):")
@@ -279,6 +315,19 @@ topic/partition. --json prints the same as one JSON object.`, stderr)
 		fmt.Fprintf(stdout, "  %7d  %s/%d\n", p.Count, p.Topic, *p.Partition)
 	}
 	return 0
+}
+
+// byCount returns the keys of m, the largest count first, then by name.
+func byCount(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		return m[a] > m[b] || m[a] == m[b] && a < b
+	})
+	return keys
 }
 
 func dlqTimePtr(t *time.Time) string {
@@ -332,14 +381,15 @@ func dlqNormalise(s string) string {
 // ---- list ----
 
 func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newDLQFlags("list", ` --source URL [--limit N] [--since DURATION|RFC3339] [--error-class C] [--json]
+	c := newDLQFlags("list", ` --source URL [--limit N] [--since DURATION|RFC3339] [--group G] [--error-class C] [--json]
 
 Prints the dead letters of the source in its order (append order for files
 and tables, offset order within each partition for Kafka), one per line:
-last failure, class, original topic/partition/offset, attempts, group and
-the first line of the error. --json prints one JSON object per line instead,
-in the format of kpar's file sink, so the output can itself be read back
-with --source file://PATH.`, stderr)
+last failure, class, original topic/partition/offset, attempts, group,
+what the sink left out of a letter too large for its topic (cut=value,...),
+and the first line of the error. --json prints one JSON object per line
+instead, in the format of kpar's file sink, so the output can itself be
+read back with --source file://PATH.`, stderr)
 	limit := c.fs.Int("limit", 0, "print at most `N` dead letters (default all)")
 	since := c.fs.String("since", "", "only dead letters whose last failure is at or after `T`: a duration back from now (90m, 24h) or an RFC 3339 time")
 	asJSON := c.fs.Bool("json", false, "print JSON Lines instead of text")
@@ -366,10 +416,12 @@ with --source file://PATH.`, stderr)
 	}
 	errLimit := errors.New("limit reached")
 	n := 0
+	groups := groupCounts{}
 	err = src.Read(ctx, func(l deadletter.Letter) error {
 		if !c.keep(l) || (!from.IsZero() && (l.LastFailure.IsZero() || l.LastFailure.Before(from))) {
 			return nil
 		}
+		groups[l.Group]++
 		if *asJSON {
 			b, err := deadletter.MarshalJSONLine(l)
 			if err != nil {
@@ -378,8 +430,8 @@ with --source file://PATH.`, stderr)
 			stdout.Write(append(b, '\n'))
 		} else {
 			msg, _, _ := strings.Cut(l.Message, "\n")
-			fmt.Fprintf(stdout, "%-24s  %-9s  %s  attempts=%d  group=%s  %s\n",
-				dlqTime(l.LastFailure), l.Class, l.ID(), l.Attempts, dlqOrDash(l.Group), strings.TrimSpace(msg))
+			fmt.Fprintf(stdout, "%-24s  %-9s  %s  attempts=%d  group=%s  %s%s\n",
+				dlqTime(l.LastFailure), l.Class, l.ID(), l.Attempts, dlqOrDash(l.Group), dlqCut(l), strings.TrimSpace(msg))
 		}
 		n++
 		if *limit > 0 && n >= *limit {
@@ -390,7 +442,30 @@ with --source file://PATH.`, stderr)
 	if err != nil && !errors.Is(err, errLimit) {
 		return dlqFail(stderr, "list", err)
 	}
+	if line := groups.merged("list"); line != "" {
+		fmt.Fprintln(stderr, line)
+	}
 	return 0
+}
+
+// dlqCut says what the sink left out of a letter too large for its topic
+// ("cut=value,key  "), or "".
+func dlqCut(l deadletter.Letter) string {
+	if !l.Truncated() {
+		return ""
+	}
+	var parts []string
+	for _, h := range l.Record.Headers {
+		switch h.Key {
+		case deadletter.HeaderValueTruncated:
+			parts = append(parts, "value")
+		case deadletter.HeaderKeyTruncated:
+			parts = append(parts, "key")
+		case deadletter.HeaderHeadersDropped:
+			parts = append(parts, "headers")
+		}
+	}
+	return "cut=" + strings.Join(parts, ",") + "  "
 }
 
 func dlqOrDash(s string) string {
@@ -414,7 +489,7 @@ func dlqParseSince(s string, now time.Time) (time.Time, error) {
 // ---- replay ----
 
 func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newDLQFlags("replay", ` --source URL [--to TOPIC] [--brokers LIST] [--error-class C] [--dry-run] [--run-id ID]
+	c := newDLQFlags("replay", ` --source URL [--to TOPIC] [--brokers LIST] [--group G] [--error-class C] [--dry-run] [--run-id ID]
 
 Sends the dead letters of the source back to Kafka: to each one's original
 topic, or to --to, on the partition with the original's number (modulo the
@@ -422,10 +497,12 @@ target's partition count), in source order. A replayed record has the
 original key, value and headers, plus the headers kpar-replayed-from (the
 original's topic/partition/offset) and kpar-replay-run (the run id), and the
 time of the replay as its timestamp. Brokers: --brokers, else the source's
-for a kafka:// source.
+for a kafka:// source. A record that several groups dead-lettered is sent
+once; every group consuming the target reads it, so to replay one group's
+letters to that group only, pass --group and --to a topic only it reads.
 
 Re-running is safe. A replay is a run with an id, by default derived from
---source, --to and --error-class, so running the same command again resumes
+--source, --to, --error-class and --group, so running the same command again resumes
 the same run; pass --run-id to start another one. The run's journal is
 STATE-DIR/RUN-ID.journal: before each batch of up to 500 records it records
 the batch's ids and the target partitions' end offsets, and after the
@@ -444,7 +521,7 @@ nothing, and prints what a run would send now.`, stderr)
 	to := c.fs.String("to", "", "replay every dead letter to `TOPIC` (default each one's original topic)")
 	brokers := c.fs.String("brokers", "", "seed brokers `host:port,...` to replay to (default the source's, for a kafka:// source)")
 	dryRun := c.fs.Bool("dry-run", false, "print what would be replayed; send and write nothing")
-	runID := c.fs.String("run-id", "", "replay run `ID` ([A-Za-z0-9._-]; default derived from --source, --to and --error-class)")
+	runID := c.fs.String("run-id", "", "replay run `ID` ([A-Za-z0-9._-]; default derived from --source, --to, --error-class and --group)")
 	stateDir := c.fs.String("state-dir", "", "`DIR` of replay journals (default $XDG_STATE_HOME/kpar/replay, else ~/.local/state/kpar/replay)")
 	if code, ok := c.fs.parse(args); !ok {
 		return code
@@ -453,7 +530,11 @@ nothing, and prints what a run would send now.`, stderr)
 		return code
 	}
 	if *runID == "" {
-		sum := sha256.Sum256([]byte(strings.Join([]string{*c.source, *to, *c.class}, "\x00")))
+		parts := []string{*c.source, *to, *c.class}
+		if *c.group != "" { // added only when given: the ids of runs without it stay as they were
+			parts = append(parts, *c.group)
+		}
+		sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
 		*runID = "replay-" + hex.EncodeToString(sum[:8])
 	} else if !dlqRunIDRE.MatchString(*runID) {
 		return c.fs.usageError("invalid --run-id %q: want 1 to 200 of [A-Za-z0-9._-]", *runID)
@@ -506,39 +587,56 @@ nothing, and prints what a run would send now.`, stderr)
 		defer cl.Close()
 	}
 
-	opts := []deadletter.ReplayOption{
-		deadletter.RunID(*runID),
-		deadletter.StateFile(state),
-		deadletter.To(*to),
-		deadletter.Filter(c.keep),
+	groups := groupCounts{}
+	opts := []deadletter.ReplayOpt{
+		deadletter.ReplayRunID(*runID),
+		deadletter.ReplayStateFile(state),
+		deadletter.ReplayTo(*to),
+		deadletter.ReplayFilter(func(l deadletter.Letter) bool {
+			if !c.keep(l) {
+				return false
+			}
+			groups[l.Group]++
+			return true
+		}),
 	}
 	if *dryRun {
-		opts = append(opts, deadletter.DryRun(), deadletter.OnLetter(func(e deadletter.ReplayEvent) {
+		opts = append(opts, deadletter.ReplayDryRun(), deadletter.ReplayOnLetter(func(e deadletter.ReplayEvent) {
 			part := "?"
 			if e.Partition >= 0 {
 				part = fmt.Sprint(e.Partition)
 			}
 			what := "would replay"
 			switch {
+			case e.Truncated:
+				what = "cut by the sink"
+			case e.Duplicate:
+				what = "same record"
 			case e.Skipped:
 				what = "already replayed"
 			case e.InDoubt:
 				what = "in doubt"
 			}
-			fmt.Fprintf(stdout, "%-16s  %s -> %s[%s]  %s\n", what, e.Letter.ID(), e.Topic, part, e.Letter.Class)
+			fmt.Fprintf(stdout, "%-16s  %s -> %s[%s]  %s  group=%s\n", what, e.Letter.ID(), e.Topic, part, e.Letter.Class, dlqOrDash(e.Letter.Group))
 		}))
 	}
 	rep, err := deadletter.Replay(ctx, src, cl, opts...)
+	if line := groups.merged("replay"); line != "" {
+		fmt.Fprintf(stderr, "%s (a record several of them dead-lettered is sent once)\n", line)
+	}
 	if err != nil {
 		return dlqFail(stderr, "replay", err)
 	}
+	if rep.Truncated > 0 {
+		fmt.Fprintf(stderr, "kpar dlq replay: %d dead letters were too large for their topic and were written with parts of the record left out (kpar.value.truncated and the like): they are not replayed; 'kpar dlq list' shows their coordinates, so replay them from the source topic while its retention keeps them\n", rep.Truncated)
+	}
 	if *dryRun {
-		fmt.Fprintf(stdout, "dry run %s: %d would be replayed, %d already replayed, %d in doubt (a run checks the target for them first), %d filtered out, of %d read; journal %s\n",
-			rep.RunID, rep.Replayed, rep.Skipped, rep.InDoubt, rep.Filtered, rep.Read, dlqOrDash(state))
+		fmt.Fprintf(stdout, "dry run %s: %d would be replayed, %d already replayed, %d in doubt (a run checks the target for them first), %d of a record another group's letter already took, %d cut by the sink, %d filtered out, of %d read; journal %s\n",
+			rep.RunID, rep.Replayed, rep.Skipped, rep.InDoubt, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, dlqOrDash(state))
 		return 0
 	}
-	fmt.Fprintf(stdout, "run %s: replayed %d, already replayed %d, found sent after an interruption %d, filtered out %d, of %d read; journal %s\n",
-		rep.RunID, rep.Replayed, rep.Skipped, rep.Recovered, rep.Filtered, rep.Read, state)
+	fmt.Fprintf(stdout, "run %s: replayed %d, already replayed %d, found sent after an interruption %d, same record as another group's letter %d, cut by the sink %d, filtered out %d, of %d read; journal %s\n",
+		rep.RunID, rep.Replayed, rep.Skipped, rep.Recovered, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, state)
 	return 0
 }
 

@@ -85,36 +85,37 @@ type dlqEnv struct {
 }
 
 type dlqSourceCase struct {
-	name  string
-	setup func(t *testing.T, ctx context.Context, c *kfake.Cluster) (source string)
+	name string
+	// setup stores letters in a new source and returns its URL.
+	setup func(t *testing.T, ctx context.Context, c *kfake.Cluster, letters []deadletter.Letter) (source string)
 }
 
 func dlqSourceCases() []dlqSourceCase {
 	return []dlqSourceCase{
-		{"kafka", func(t *testing.T, ctx context.Context, c *kfake.Cluster) string {
+		{"kafka", func(t *testing.T, ctx context.Context, c *kfake.Cluster, letters []deadletter.Letter) string {
 			cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer cl.Close()
-			if err := deadletter.NewKafkaSink(cl).Write(ctx, dlqLetters()); err != nil {
+			if err := deadletter.NewKafkaSink(cl).Write(ctx, letters); err != nil {
 				t.Fatal(err)
 			}
 			return "kafka://" + strings.Join(c.ListenAddrs(), ",") + "/orders.dlq"
 		}},
-		{"file", func(t *testing.T, ctx context.Context, c *kfake.Cluster) string {
+		{"file", func(t *testing.T, ctx context.Context, c *kfake.Cluster, letters []deadletter.Letter) string {
 			path := filepath.Join(t.TempDir(), "dlq.jsonl")
 			s, err := deadletter.NewFileSink(path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			if err := s.Write(ctx, dlqLetters()); err != nil {
+			if err := s.Write(ctx, letters); err != nil {
 				t.Fatal(err)
 			}
 			return "file://" + path
 		}},
-		{"postgres", func(t *testing.T, ctx context.Context, c *kfake.Cluster) string {
+		{"postgres", func(t *testing.T, ctx context.Context, c *kfake.Cluster, letters []deadletter.Letter) string {
 			dsn := os.Getenv("KPAR_TEST_POSTGRES")
 			if dsn == "" {
 				t.Skip("KPAR_TEST_POSTGRES is unset: set it to a PostgreSQL DSN (scripts/test.sh starts a server and sets it)")
@@ -135,7 +136,7 @@ func dlqSourceCases() []dlqSourceCase {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			if err := s.Write(ctx, dlqLetters()); err != nil {
+			if err := s.Write(ctx, letters); err != nil {
 				t.Fatal(err)
 			}
 			u, _ := url.Parse(dsn)
@@ -148,15 +149,18 @@ func dlqSourceCases() []dlqSourceCase {
 }
 
 // newDLQEnv starts a cluster with the topics the tests use and fills the
-// source.
-func newDLQEnv(t *testing.T, ctx context.Context, sc dlqSourceCase) dlqEnv {
+// source with dlqLetters, or letters when given.
+func newDLQEnv(t *testing.T, ctx context.Context, sc dlqSourceCase, letters ...deadletter.Letter) dlqEnv {
 	t.Helper()
+	if letters == nil {
+		letters = dlqLetters()
+	}
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders", "orders.dlq", "replayed"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	src := sc.setup(t, ctx, c)
+	src := sc.setup(t, ctx, c, letters)
 	return dlqEnv{source: src, brokers: strings.Join(c.ListenAddrs(), ","), needsBrokers: sc.name != "kafka", cluster: c}
 }
 
@@ -301,6 +305,89 @@ func TestDLQList(t *testing.T) {
 				t.Errorf("list --json wrote %d letters", n)
 			}
 		})
+	}
+}
+
+// TestDLQGroups: one source holds the same five records dead-lettered by
+// two groups (issue 29: stats said 5 and list showed one group). stats
+// counts 5 per group and 10 in all, list prints all 10, both say on stderr
+// that two groups were merged, --group picks one, and replay sends each
+// record once.
+func TestDLQGroups(t *testing.T) {
+	for _, sc := range dlqSourceCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			ctx := dlqCtx(t)
+			letters := dlqLetters()
+			for _, l := range dlqLetters() {
+				l.Group = "audit"
+				letters = append(letters, l)
+			}
+			env := newDLQEnv(t, ctx, sc, letters...)
+			const merged = "dead letters of 2 groups merged: audit (5), billing (5); pass --group G for one group's\n"
+
+			code, out, errs := runDLQ(t, ctx, "stats", "--source", env.source)
+			if code != 0 || !strings.Contains(out, "dead letters: 10\n") || !strings.Contains(out, "by group:\n        5  audit\n        5  billing\n") {
+				t.Errorf("stats: exit %d\n%s", code, out)
+			}
+			if errs != "kpar dlq stats: "+merged {
+				t.Errorf("stats stderr = %q, want the merge named", errs)
+			}
+			var rep dlqStatsReport
+			if err := json.Unmarshal([]byte(mustDLQ(t, ctx, "stats", "--source", env.source, "--json")), &rep); err != nil {
+				t.Fatal(err)
+			}
+			if rep.Total != 10 || len(rep.ByGroup) != 2 || rep.ByGroup["audit"] != 5 || rep.ByGroup["billing"] != 5 {
+				t.Errorf("stats --json: total %d, by group %v", rep.Total, rep.ByGroup)
+			}
+
+			code, out, errs = runDLQ(t, ctx, "stats", "--source", env.source, "--group", "audit")
+			if code != 0 || !strings.Contains(out, "dead letters: 5\n") || strings.Contains(out, "billing") || errs != "" {
+				t.Errorf("stats --group audit: exit %d, stderr %q\n%s", code, errs, out)
+			}
+
+			code, out, errs = runDLQ(t, ctx, "list", "--source", env.source)
+			lines := nonEmptyLines(out)
+			if code != 0 || len(lines) != 10 || strings.Count(out, "group=audit") != 5 || strings.Count(out, "group=billing") != 5 {
+				t.Errorf("list: exit %d, %d lines\n%s", code, len(lines), out)
+			}
+			if errs != "kpar dlq list: "+merged {
+				t.Errorf("list stderr = %q, want the merge named", errs)
+			}
+			code, out, errs = runDLQ(t, ctx, "list", "--source", env.source, "--group", "billing")
+			if code != 0 || len(nonEmptyLines(out)) != 5 || strings.Contains(out, "group=audit") || errs != "" {
+				t.Errorf("list --group billing: exit %d, stderr %q\n%s", code, errs, out)
+			}
+
+			// Replaying both groups' letters sends each record once.
+			state := t.TempDir()
+			code, out, errs = runDLQ(t, ctx, replayArgs(env, state, "--to", "replayed")...)
+			if code != 0 || !strings.Contains(out, "replayed 5,") || !strings.Contains(out, "same record as another group's letter 5,") ||
+				!strings.Contains(errs, "dead letters of 2 groups merged") {
+				t.Errorf("replay: exit %d, stderr %q\n%s", code, errs, out)
+			}
+			checkReplayed(t, ctx, env, "replayed", []string{"orders/0/1", "orders/0/2", "orders/1/5", "orders/1/6", "orders/2/9"})
+		})
+	}
+}
+
+// TestDLQListShowsCutLetters: a letter the Kafka sink had to cut says so
+// in list, and replay leaves it out, saying why.
+func TestDLQListShowsCutLetters(t *testing.T) {
+	ctx := dlqCtx(t)
+	letters := dlqLetters()
+	r := letters[2].Record
+	r.Value = nil
+	r.Headers = append(r.Headers,
+		kgo.RecordHeader{Key: deadletter.HeaderValueTruncated, Value: []byte("true")},
+		kgo.RecordHeader{Key: deadletter.HeaderValueOriginalBytes, Value: []byte("5242880")})
+	env := newDLQEnv(t, ctx, dlqSourceCases()[1], letters...) // file
+	out := mustDLQ(t, ctx, "list", "--source", env.source)
+	if !strings.Contains(out, "orders/1/5  attempts=3  group=billing  cut=value  invalid json") || strings.Count(out, "cut=") != 1 {
+		t.Errorf("list does not mark the cut letter alone:\n%s", out)
+	}
+	code, out, errs := runDLQ(t, ctx, replayArgs(env, t.TempDir(), "--to", "replayed")...)
+	if code != 0 || !strings.Contains(out, "replayed 4,") || !strings.Contains(out, "cut by the sink 1,") || !strings.Contains(errs, "1 dead letters were too large") {
+		t.Errorf("replay: exit %d, stderr %q\n%s", code, errs, out)
 	}
 }
 

@@ -120,6 +120,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
 	rebalanceTimeout := fs.Duration("rebalance-timeout", time.Minute, "how long a rebalance waits for the members to rejoin: a member that dies mid-rebalance holds the group (and its commits) this long; more than the 10s a revoke may wait for running records")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
+	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
 	if code, ok := fs.parseArgs(args, "brokers", "url"); !ok {
@@ -293,6 +294,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		metrics = kparprom.New()
 		opts = append(opts, kpar.WithHooks(metrics), kpar.ClientOptions(metrics.ClientOpts()...))
 	}
+	var stall *stallWatch // /readyz from progress: readiness.go
+	if *metricsListen != "" {
+		stall = newStallWatch(readyStall.grace(*att.timeout))
+		opts = append(opts, stall.opts()...)
+	}
 	c, err := kpar.New(handler, opts...)
 	if err != nil {
 		return fail("kpar forward: invalid configuration", err)
@@ -303,7 +309,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStatus()
 	if metrics != nil {
-		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics)
+		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics, stall)
 		if err != nil {
 			return fail("kpar forward: cannot serve --metrics-listen", err)
 		}
@@ -638,7 +644,7 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 		}
 		return fs, func() { _ = fs.Close() }, nil
 	case "postgres":
-		var opts []pgsink.Option
+		var opts []pgsink.Opt
 		if s.table != "" {
 			opts = append(opts, pgsink.Table(s.table))
 		}
@@ -660,8 +666,8 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 	if err != nil {
 		return nil, nil, err
 	}
-	// TopicName("") keeps the sink's default, <topic>.dlq per topic.
-	return deadletter.NewKafkaSink(cl, deadletter.TopicName(s.topic)), cl.Close, nil
+	// SinkTopic("") keeps the sink's default, <topic>.dlq per topic.
+	return deadletter.NewKafkaSink(cl, deadletter.SinkTopic(s.topic), deadletter.SinkLogger(log)), cl.Close, nil
 }
 
 // splitBrokers splits a comma-separated list of host:port.

@@ -42,12 +42,17 @@ const statusRefresh = time.Second
 //	GET /api/status  the page's data as JSON
 //	GET /healthz     200 while the process serves
 //	GET /readyz      200 while c is a member of its group, with partitions
-//	                 or idle (a share-group member: while it runs); 503
-//	                 otherwise (see kparprom.Metrics.Ready)
+//	                 or idle (a share-group member: while it runs; see
+//	                 kparprom.Metrics.Ready), and, with ready, makes
+//	                 progress: records waiting and none finished for the
+//	                 stall grace is 503 too (readiness.go); the body says
+//	                 why
 //
-// An address with an empty host (":9464") is rejected, since it would
-// listen on every interface: a non-loopback address must be named.
-func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom.Metrics, extra ...prometheus.Collector) (boundAddr string, err error) {
+// ready, when not nil, must observe c (its opts passed to kpar.New); its
+// sampler runs until ctx ends. An address with an empty host (":9464") is
+// rejected, since it would listen on every interface: a non-loopback
+// address must be named.
+func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom.Metrics, ready *stallWatch, extra ...prometheus.Collector) (boundAddr string, err error) {
 	if c == nil || m == nil {
 		return "", errors.New("status server: nil Consumer or Metrics")
 	}
@@ -74,8 +79,13 @@ func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom
 	if err != nil {
 		return "", fmt.Errorf("status server: %w", err)
 	}
+	readiness := m.Ready
+	if ready != nil {
+		go ready.run(ctx, ready.consumerWork(c))
+		readiness = func() (bool, string) { return ready.ready(m.Ready) }
+	}
 	srv := &http.Server{
-		Handler:           statusHandler(c, m, prometheus.Gatherers{m.Registry(), reg}),
+		Handler:           statusHandler(c, m, readiness, prometheus.Gatherers{m.Registry(), reg}),
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       time.Minute,
 	}
@@ -111,7 +121,9 @@ func statusListenAddr(addr string) (string, error) {
 	return addr, nil
 }
 
-func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, g prometheus.Gatherer) http.Handler {
+// statusHandler serves the endpoints of serveStatus; readiness answers
+// /readyz.
+func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, readiness func() (bool, string), g prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		Timeout:       10 * time.Second,
@@ -121,13 +133,13 @@ func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, g prometheus.Gatherer)
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		json.NewEncoder(w).Encode(status(r.Context(), c, m))
+		json.NewEncoder(w).Encode(status(r.Context(), c, m, readiness))
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		ok, why := m.Ready()
+		ok, why := readiness()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -206,8 +218,8 @@ type partitionStatus struct {
 	StuckSeconds float64 `json:"stuck_seconds"`
 }
 
-func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics) statusResponse {
-	ok, why := m.Ready()
+func status(ctx context.Context, c *kpar.Consumer, m *kparprom.Metrics, readiness func() (bool, string)) statusResponse {
+	ok, why := readiness()
 	resp := statusResponse{
 		Time:             time.Now().UTC(),
 		Ready:            ok,

@@ -48,6 +48,16 @@ type statusFixture struct {
 // running: see run), and the status server on a free port.
 func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.HandlerFunc, extra ...kpar.ConsumerOpt) *statusFixture {
 	t.Helper()
+	return newReadyFixture(t, nil, partitions, records, h, extra...)
+}
+
+// newReadyFixture is newStatusFixture with /readyz from ready's progress
+// too (nil: membership only); ready observes the consumer.
+func newReadyFixture(t *testing.T, ready *stallWatch, partitions int32, records int, h kpar.HandlerFunc, extra ...kpar.ConsumerOpt) *statusFixture {
+	t.Helper()
+	if ready != nil {
+		extra = append(extra, ready.opts()...)
+	}
 	// Registered first, so it runs after every other cleanup.
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
 
@@ -74,16 +84,22 @@ func newStatusFixture(t *testing.T, partitions int32, records int, h kpar.Handle
 		t.Fatal(err)
 	}
 
-	return serveFixture(t, cluster, cons, m)
+	return serveReadyFixture(t, cluster, cons, m, ready)
 }
 
 // serveFixture serves cons and m on a free port until the test ends (or
 // the fixture's stop), with a client for it.
 func serveFixture(t *testing.T, cluster *kfake.Cluster, cons *kpar.Consumer, m *kparprom.Metrics) *statusFixture {
 	t.Helper()
+	return serveReadyFixture(t, cluster, cons, m, nil)
+}
+
+// serveReadyFixture is serveFixture with /readyz from ready's progress too.
+func serveReadyFixture(t *testing.T, cluster *kfake.Cluster, cons *kpar.Consumer, m *kparprom.Metrics, ready *stallWatch) *statusFixture {
+	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
-	addr, err := serveStatus(ctx, "127.0.0.1:0", cons, m)
+	addr, err := serveStatus(ctx, "127.0.0.1:0", cons, m, ready)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,21 +293,21 @@ func TestServeStatusRejectsBadSetups(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	if _, err := serveStatus(ctx, ":0", cons, m); err == nil {
+	if _, err := serveStatus(ctx, ":0", cons, m, nil); err == nil {
 		t.Error("serveStatus(\":0\") succeeded, want an error: an empty host listens on every interface")
 	}
-	if _, err := serveStatus(ctx, "127.0.0.1:0", cons, nil); err == nil {
+	if _, err := serveStatus(ctx, "127.0.0.1:0", cons, nil, nil); err == nil {
 		t.Error("serveStatus with nil Metrics succeeded, want an error")
 	}
 	dup := prometheus.NewGauge(prometheus.GaugeOpts{Name: "go_goroutines", Help: "clashes with the Go collector"})
-	if _, err := serveStatus(ctx, "127.0.0.1:0", cons, m, dup); err == nil {
+	if _, err := serveStatus(ctx, "127.0.0.1:0", cons, m, nil, dup); err == nil {
 		t.Error("serveStatus with a clashing extra collector succeeded, want an error")
 	}
-	addr, err := serveStatus(ctx, "127.0.0.1:0", cons, m, prometheus.NewGauge(prometheus.GaugeOpts{Name: "extra_gauge", Help: "x"}))
+	addr, err := serveStatus(ctx, "127.0.0.1:0", cons, m, nil, prometheus.NewGauge(prometheus.GaugeOpts{Name: "extra_gauge", Help: "x"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := serveStatus(ctx, addr, cons, m); err == nil {
+	if _, err := serveStatus(ctx, addr, cons, m, nil); err == nil {
 		t.Errorf("serveStatus on %s, already in use, succeeded; want an error", addr)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/deadletter"
@@ -60,6 +61,18 @@ func withTable(dsn, table string) string {
 }
 
 func closedPort(t *testing.T) string { return testkit.ClosedPort(t) }
+
+// lazyPool is a pool on dsn that connects only when used, closed after
+// the test.
+func lazyPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
 
 // sampleLetters exercise the columns' corners: nil versus empty key and
 // value, binary bytes in bytea, duplicate and nil header values, NUL in

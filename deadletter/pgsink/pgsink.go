@@ -12,8 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -49,14 +51,13 @@ const TableParam = "kpar_table"
 //	attempts         integer NOT NULL
 //	first_failure, last_failure timestamptz -- NULL when unknown
 //	stored_at        timestamptz NOT NULL DEFAULT now()
-//	UNIQUE (topic, partition, "offset")
+//	UNIQUE (group_id, topic, partition, "offset")
 //
 // Write inserts a batch in one transaction with
-// INSERT ... ON CONFLICT (topic, partition, "offset") DO NOTHING, so
-// writing a batch again is harmless: the first row of a record stays. One
-// table therefore holds one dead letter per original record; give each
-// consumer group its own table if several groups dead-letter the same
-// topic. Times are stored with microsecond precision. Text columns cannot
+// INSERT ... ON CONFLICT DO NOTHING, so writing a batch again is harmless:
+// the first row of a letter stays. One table holds one dead letter per
+// group and original record, so several groups can share it (`kpar dlq
+// --group` picks one). Times are stored with microsecond precision. Text columns cannot
 // hold NUL bytes or invalid UTF-8: those are dropped or replaced in group,
 // class and message (key, value and headers are bytea, kept exactly).
 type Sink struct {
@@ -72,20 +73,20 @@ type Sink struct {
 
 var _ deadletter.Sink = (*Sink)(nil)
 
-// Option configures a Sink.
-type Option interface{ apply(*cfg) }
+// Opt configures a Sink.
+type Opt interface{ apply(*cfg) }
 
 type cfg struct{ table string }
 
-type opt func(*cfg)
+type optFunc func(*cfg)
 
-func (o opt) apply(c *cfg) { o(c) }
+func (o optFunc) apply(c *cfg) { o(c) }
 
 // Table names the table, overriding the default DefaultTable. The name is
 // an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes), optionally
 // qualified by a schema ("dlq.orders"); anything else makes the
 // constructor fail.
-func Table(name string) Option { return opt(func(c *cfg) { c.table = name }) }
+func Table(name string) Opt { return optFunc(func(c *cfg) { c.table = name }) }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
@@ -103,6 +104,10 @@ func tableIdent(name string) (string, error) {
 	return pgx.Identifier(parts).Sanitize(), nil
 }
 
+// DefaultConnectTimeout bounds each connection attempt of the pool that
+// Open opens, unless the DSN sets connect_timeout.
+const DefaultConnectTimeout = 5 * time.Second
+
 // New returns a sink writing through pool, which stays the
 // caller's to close.
 //
@@ -110,23 +115,11 @@ func tableIdent(name string) (string, error) {
 // still returns the sink and creates the table on the first Write instead,
 // so a consumer can start while PostgreSQL is down and block on Write as in
 // any other sink outage; any other error (bad table name, permissions) is
-// returned.
-func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Sink, error) {
-	c := cfg{table: DefaultTable}
-	for _, o := range opts {
-		o.apply(&c)
-	}
-	ident, err := tableIdent(c.table)
+// returned. Open, unlike New, insists on reaching the server.
+func New(ctx context.Context, pool *pgxpool.Pool, opts ...Opt) (*Sink, error) {
+	s, err := newSink(pool, opts)
 	if err != nil {
 		return nil, err
-	}
-	s := &Sink{
-		pool:  pool,
-		ident: ident,
-		insert: `INSERT INTO ` + ident + ` (topic, partition, "offset", key, value, header_keys, header_values,
-	record_timestamp, group_id, class, message, attempts, first_failure, last_failure)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-ON CONFLICT (topic, partition, "offset") DO NOTHING`,
 	}
 	if err := s.ensureTable(ctx); err != nil {
 		var ce *pgconn.ConnectError
@@ -137,21 +130,89 @@ ON CONFLICT (topic, partition, "offset") DO NOTHING`,
 	return s, nil
 }
 
-// Open is New on a pool it opens from dsn (a URL or
-// key=value connection string, as pgxpool.ParseConfig takes); Close closes
-// that pool.
-func Open(ctx context.Context, dsn string, opts ...Option) (*Sink, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+// Open is New on a pool it opens from dsn (a URL or key=value connection
+// string, as pgxpool.ParseConfig takes); Close closes that pool.
+//
+// Open checks the server at once, as a sink named on a command line
+// should be: it connects (each attempt bounded by the DSN's
+// connect_timeout, default DefaultConnectTimeout, and all by ctx) and
+// creates the table, and returns an error naming the host and what to
+// check when it cannot. A wrong URL or a server that is down is then
+// reported at start rather than by every dead-letter write later.
+func Open(ctx context.Context, dsn string, opts ...Opt) (*Sink, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgsink: %w", err)
 	}
-	s, err := New(ctx, pool, opts...)
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgsink: %w", err)
+	}
+	s, err := newSink(pool, opts)
+	if err == nil {
+		err = s.ensureTable(ctx)
+	}
 	if err != nil {
 		pool.Close()
-		return nil, err
+		return nil, explainConnect(err, cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 	}
 	s.owned = true
 	return s, nil
+}
+
+// explainConnect rewrites a failure to connect into what to check; other
+// errors pass through.
+func explainConnect(err error, host string, port uint16) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	where := host
+	if !strings.HasPrefix(host, "/") { // not a Unix socket directory
+		where = net.JoinHostPort(host, strconv.Itoa(int(port)))
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return explained{fmt.Sprintf("pgsink: PostgreSQL at %s refused the connection: %s (SQLSTATE %s): check the user, password, database and sslmode of the URL, and the server's pg_hba.conf", where, pe.Message, pe.Code), err}
+	}
+	// pgconn prefixes each attempt's error with its address, which the
+	// message already names.
+	why := dialPrefix.ReplaceAllString(errors.Unwrap(ce).Error(), "")
+	return explained{fmt.Sprintf("pgsink: cannot reach PostgreSQL at %s (%s): check that the server is running and listening there (the host and port of the URL), and that no firewall is in the way", where, why), err}
+}
+
+// explained is an error said in other words; errors.As still finds the
+// original (a *pgconn.ConnectError).
+type explained struct {
+	msg string
+	err error
+}
+
+func (e explained) Error() string { return e.msg }
+func (e explained) Unwrap() error { return e.err }
+
+var dialPrefix = regexp.MustCompile(`(?m)^\S+ \([^)]*\): `)
+
+func newSink(pool *pgxpool.Pool, opts []Opt) (*Sink, error) {
+	c := cfg{table: DefaultTable}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	ident, err := tableIdent(c.table)
+	if err != nil {
+		return nil, err
+	}
+	return &Sink{
+		pool:  pool,
+		ident: ident,
+		insert: `INSERT INTO ` + ident + ` (topic, partition, "offset", key, value, header_keys, header_values,
+	record_timestamp, group_id, class, message, attempts, first_failure, last_failure)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT DO NOTHING`,
+	}, nil
 }
 
 func (s *Sink) ensureTable(ctx context.Context) error {
@@ -180,7 +241,7 @@ func (s *Sink) ensureTable(ctx context.Context) error {
 	first_failure timestamptz,
 	last_failure timestamptz,
 	stored_at timestamptz NOT NULL DEFAULT now(),
-	UNIQUE (topic, partition, "offset")
+	UNIQUE (group_id, topic, partition, "offset")
 )`)
 	var pe *pgconn.PgError
 	// Two processes creating the table at once: one of them loses with
@@ -256,8 +317,9 @@ func pgText(s string) string {
 // OpenSource returns the Source of a Sink's table at rawURL, a
 // postgres://... or postgresql://... connection URL whose query parameter
 // kpar_table (TableParam) names the table, default DefaultTable. It reads
-// the table in insertion order; the table's unique key means each original
-// record appears once. It connects only when Read is called.
+// the table in insertion order; the table's unique key means each letter
+// (group and original record) appears once. It connects only when Read is
+// called.
 func OpenSource(rawURL string) (deadletter.Source, error) {
 	return newSource(rawURL)
 }

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/deadletter"
+)
+
+// Readiness from progress. Being a member of the group (kparprom's Ready)
+// is not enough: a member can be joined while nothing can be delivered (a
+// broker restarted and the group has not fetched again, every dead-letter
+// write refused, every request failing TLS verification). So /readyz also
+// asks whether records finish: a member with work waiting that finished no
+// record and moved no commit for the stall grace is not ready, and says
+// why.
+//
+// Work waiting is what this member holds (records buffered, held or in
+// flight; acquired records of a share group) or, when it holds nothing,
+// the lag of its assigned partitions (the brokers' end offsets minus the
+// group's committed offsets, from the start offset where none is
+// committed; for a share group, the group's share-partition lag), listed
+// every lagInterval. Progress is a record finished or dead-lettered, or a
+// commit that moved an offset. Both are sampled every sampleInterval.
+
+const (
+	// defaultReadyStall is the grace without progress unless --ready-stall
+	// says otherwise or --attempt-timeout plus readyStallMargin is longer:
+	// a single slow request must not make the member unready.
+	defaultReadyStall = 15 * time.Second
+	readyStallMargin  = 5 * time.Second
+	sampleInterval    = time.Second
+	lagInterval       = 5 * time.Second
+	lagTimeout        = 3 * time.Second
+	// errorExcerpt bounds the errors quoted in the readiness message.
+	errorExcerpt = 200
+)
+
+// stallFlag is --ready-stall: a duration above 0, and whether it was given.
+type stallFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (f *stallFlag) String() string {
+	if !f.set {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f *stallFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration, such as 30s")
+	}
+	if d <= 0 {
+		return errors.New("want more than 0")
+	}
+	f.d, f.set = d, true
+	return nil
+}
+
+// addReadyStall defines --ready-stall on fs.
+func addReadyStall(fs *flagSet) *stallFlag {
+	f := new(stallFlag)
+	fs.Var(f, "ready-stall", fmt.Sprintf("with --metrics-listen, /readyz answers 503 when records wait (buffered, in flight, or lag on the assigned partitions) and none finished, was dead-lettered or was committed for `D` (default %v, or --attempt-timeout + %v when longer); the body says why", defaultReadyStall, readyStallMargin))
+	return f
+}
+
+// grace is the stall grace: the flag's, else the default for attemptTimeout.
+func (f *stallFlag) grace(attemptTimeout time.Duration) time.Duration {
+	if f.set {
+		return f.d
+	}
+	return max(defaultReadyStall, attemptTimeout+readyStallMargin)
+}
+
+// stallWatch tracks whether a Consumer makes progress. Pass its opts to
+// kpar.New, then serveStatus runs it and asks it.
+type stallWatch struct {
+	grace time.Duration
+
+	finished atomic.Int64 // records done or dead-lettered: the hooks' count
+	commits  atomic.Int64 // commits that moved an offset
+	attempt  atomic.Pointer[failure]
+	sink     atomic.Pointer[failure]
+	cl       atomic.Pointer[groupClient] // the Consumer's client, for lag
+
+	commitMu  sync.Mutex // guards committed
+	committed map[string]map[int32]int64
+
+	mu sync.Mutex // guards st
+	st stallState
+}
+
+var (
+	_ kpar.HookRecordDone       = (*stallWatch)(nil)
+	_ kpar.HookDeadLettered     = (*stallWatch)(nil)
+	_ kpar.HookDeadLetterFailed = (*stallWatch)(nil)
+	_ kpar.HookAttemptFailed    = (*stallWatch)(nil)
+	_ kpar.HookCommit           = (*stallWatch)(nil)
+
+	_ kgo.HookNewClient    = stallClient{}
+	_ kgo.HookClientClosed = stallClient{}
+)
+
+// failure is an error and when it happened.
+type failure struct {
+	at  time.Time
+	err string
+}
+
+// groupClient is the Consumer's client and its group.
+type groupClient struct {
+	cl    *kgo.Client
+	group string
+	share bool
+}
+
+// stallState is what run last saw.
+type stallState struct {
+	sampled      bool
+	waiting      int64     // records waiting
+	what         string    // where they wait
+	since        time.Time // start of the stall: the last progress, or the last moment nothing waited
+	lastProgress time.Time // zero before the first
+}
+
+func newStallWatch(grace time.Duration) *stallWatch {
+	return &stallWatch{grace: grace, committed: make(map[string]map[int32]int64)}
+}
+
+// opts are the options that let p observe a Consumer.
+func (p *stallWatch) opts() []kpar.ConsumerOpt {
+	return []kpar.ConsumerOpt{kpar.WithHooks(p), kpar.ClientOptions(kgo.WithHooks(stallClient{p}))}
+}
+
+// OnRecordDone implements kpar.HookRecordDone.
+func (p *stallWatch) OnRecordDone(*kgo.Record, int, time.Duration) { p.finished.Add(1) }
+
+// OnDeadLettered implements kpar.HookDeadLettered.
+func (p *stallWatch) OnDeadLettered(deadletter.Letter) { p.finished.Add(1) }
+
+// OnAttemptFailed implements kpar.HookAttemptFailed.
+func (p *stallWatch) OnAttemptFailed(_ *kgo.Record, _ int, err error, _ time.Duration) {
+	p.attempt.Store(&failure{time.Now(), err.Error()})
+}
+
+// OnDeadLetterFailed implements kpar.HookDeadLetterFailed.
+func (p *stallWatch) OnDeadLetterFailed(_ int, err error) {
+	p.sink.Store(&failure{time.Now(), err.Error()})
+}
+
+// OnCommit implements kpar.HookCommit: a commit that moves an offset is
+// progress.
+func (p *stallWatch) OnCommit(offsets map[string]map[int32]int64, err error) {
+	if err != nil {
+		return
+	}
+	p.commitMu.Lock()
+	defer p.commitMu.Unlock()
+	moved := false
+	for t, ps := range offsets {
+		if p.committed[t] == nil {
+			p.committed[t] = make(map[int32]int64)
+		}
+		for part, o := range ps {
+			if last, ok := p.committed[t][part]; !ok || o != last {
+				p.committed[t][part], moved = o, true
+			}
+		}
+	}
+	if moved {
+		p.commits.Add(1)
+	}
+}
+
+// stallClient captures the Consumer's client (the one with a group:
+// kpar builds others to validate options and to administer), kept off
+// stallWatch so that it is not mistaken for a kgo hook.
+type stallClient struct{ p *stallWatch }
+
+func (h stallClient) OnNewClient(cl *kgo.Client) {
+	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
+		h.p.cl.Store(&groupClient{cl: cl, group: g})
+	} else if g, _ := cl.OptValue(kgo.ShareGroup).(string); g != "" {
+		h.p.cl.Store(&groupClient{cl: cl, group: g, share: true})
+	}
+}
+
+func (h stallClient) OnClientClosed(cl *kgo.Client) {
+	if gc := h.p.cl.Load(); gc != nil && gc.cl == cl {
+		h.p.cl.CompareAndSwap(gc, nil)
+	}
+}
+
+// work is where run looks for records waiting; consumerWork is the real
+// one.
+type work struct {
+	partitions func() []kpar.PartitionStats
+	share      func() (kpar.ShareStats, bool)
+	// lag is the records not fetched yet for the assigned partitions in
+	// stats (a share group: the group's), false when unknown.
+	lag func(ctx context.Context, stats []kpar.PartitionStats) (int64, bool)
+}
+
+func (p *stallWatch) consumerWork(c *kpar.Consumer) work {
+	return work{partitions: c.Partitions, share: c.ShareStats, lag: p.lag}
+}
+
+// run samples progress and work every sampleInterval until ctx ends.
+func (p *stallWatch) run(ctx context.Context, w work) {
+	t := time.NewTicker(sampleInterval)
+	defer t.Stop()
+	var (
+		seen       = int64(-1) // finished + commits at the last sample
+		lag        int64
+		lagChecked time.Time
+	)
+	for {
+		now := time.Now()
+		n := p.finished.Load() + p.commits.Load()
+		moved := seen >= 0 && n != seen
+		seen = n
+
+		var held int64
+		stats := w.partitions()
+		for _, s := range stats {
+			held += int64(s.Buffered - s.Finished + s.Held)
+		}
+		if st, share := w.share(); share {
+			held += int64(st.Acquired)
+		}
+		waiting, what := held, "held by this member"
+		if held == 0 {
+			if now.Sub(lagChecked) >= lagInterval {
+				lagChecked = now
+				lctx, cancel := context.WithTimeout(ctx, lagTimeout)
+				if l, ok := w.lag(lctx, stats); ok {
+					lag = l
+				}
+				cancel()
+			}
+			waiting, what = lag, "not fetched yet"
+		}
+
+		p.mu.Lock()
+		if moved {
+			p.st.lastProgress = now
+		}
+		if moved || waiting == 0 || !p.st.sampled {
+			p.st.since = now
+		}
+		p.st.sampled, p.st.waiting, p.st.what = true, waiting, what
+		p.mu.Unlock()
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ready is membership (base: kparprom's Ready) and progress: not ready
+// while records wait and none finished for the grace.
+func (p *stallWatch) ready(base func() (bool, string)) (bool, string) {
+	ok, why := base()
+	if !ok {
+		return false, why
+	}
+	p.mu.Lock()
+	st := p.st
+	p.mu.Unlock()
+	if !st.sampled || st.waiting == 0 {
+		return ok, why
+	}
+	stalled := time.Since(st.since)
+	if stalled < p.grace {
+		return ok, why
+	}
+	var b strings.Builder
+	records := "records"
+	if st.waiting == 1 {
+		records = "record"
+	}
+	fmt.Fprintf(&b, "%d %s waiting (%s), none finished for %v", st.waiting, records, st.what, stalled.Round(time.Second))
+	if st.lastProgress.IsZero() {
+		b.WriteString(" (none since the start)")
+	}
+	// Only errors since the last progress explain the stall.
+	if f := p.attempt.Load(); f != nil && !f.at.Before(st.lastProgress) {
+		fmt.Fprintf(&b, "; last error: %s", excerpt(f.err))
+	}
+	if f := p.sink.Load(); f != nil && !f.at.Before(st.lastProgress) {
+		fmt.Fprintf(&b, "; last dead-letter write failed: %s", excerpt(f.err))
+	}
+	return false, b.String()
+}
+
+// excerpt is the first line of s, at most errorExcerpt bytes.
+func excerpt(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > errorExcerpt {
+		s = strings.ToValidUTF8(s[:errorExcerpt], "") + "…"
+	}
+	return s
+}
+
+// lag is work.lag through the Consumer's client.
+func (p *stallWatch) lag(ctx context.Context, stats []kpar.PartitionStats) (int64, bool) {
+	gc := p.cl.Load()
+	if gc == nil {
+		return 0, false
+	}
+	adm := kadm.NewClient(gc.cl)
+	if gc.share {
+		described, err := adm.DescribeShareGroupOffsets(ctx, gc.group)
+		if err != nil {
+			return 0, false
+		}
+		var n int64
+		for _, d := range described {
+			for _, ps := range d.Offsets {
+				for _, o := range ps {
+					n += max(o.Lag, 0) // -1: not known
+				}
+			}
+		}
+		return n, true
+	}
+	if len(stats) == 0 {
+		return 0, true
+	}
+	var topics []string
+	seen := map[string]bool{}
+	for _, s := range stats {
+		if !seen[s.Topic] {
+			seen[s.Topic] = true
+			topics = append(topics, s.Topic)
+		}
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return 0, false
+	}
+	committed, err := adm.FetchOffsets(ctx, gc.group)
+	if err != nil {
+		return 0, false
+	}
+	var starts kadm.ListedOffsets
+	var n int64
+	for _, s := range stats {
+		end, ok := ends.Lookup(s.Topic, s.Partition)
+		if !ok || end.Err != nil {
+			return 0, false
+		}
+		from := int64(-1)
+		if c, ok := committed.Lookup(s.Topic, s.Partition); ok && c.Err == nil {
+			from = c.At
+		}
+		if from < 0 { // nothing committed: the group starts at the oldest record
+			if starts == nil {
+				if starts, err = adm.ListStartOffsets(ctx, topics...); err != nil {
+					return 0, false
+				}
+			}
+			start, ok := starts.Lookup(s.Topic, s.Partition)
+			if !ok || start.Err != nil {
+				return 0, false
+			}
+			from = start.Offset
+		}
+		n += max(end.Offset-from, 0)
+	}
+	return n, true
+}
