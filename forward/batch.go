@@ -3,10 +3,8 @@ package forward
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -101,15 +99,16 @@ func (b *batcher) send(bt *batch) {
 	}
 
 	// The request lives while any member still waits for it: it ends
-	// when the last member's context does, or at Timeout.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(bt.ctxs[0]))
-	defer cancel()
+	// when the last member's context does (with that context's error as
+	// the cause, so that a deadline reads as a timeout), or at Timeout.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(bt.ctxs[0]))
+	defer cancel(nil)
 	var left atomic.Int32
 	left.Store(int32(n))
 	for _, c := range bt.ctxs {
 		stop := context.AfterFunc(c, func() {
 			if left.Add(-1) == 0 {
-				cancel()
+				cancel(c.Err())
 			}
 		})
 		defer stop()
@@ -117,7 +116,7 @@ func (b *batcher) send(bt *batch) {
 	ctx, cancelTimeout := h.withTimeout(ctx)
 	defer cancelTimeout()
 
-	body := appendBatch(make([]byte, 0, batchSize(bt.recs)), bt.recs)
+	body := appendBatch(make([]byte, 0, batchSize(bt.recs)), bt.recs, h.contentType[0])
 	req := h.newRequest(ctx, body, 3)
 	req.Header["Content-Type"] = jsonType
 	if tp, ts := batchTrace(bt.recs); tp != "" {
@@ -126,9 +125,10 @@ func (b *batcher) send(bt *batch) {
 			req.Header[httpTraceState] = []string{ts}
 		}
 	}
+	started := h.answered.Load()
 	resp, err := h.do(req)
 	if err != nil {
-		fail(transportError(ctx, fmt.Errorf("forward: batch of %d: %w", n, err)))
+		fail(h.transportError(ctx, started, fmt.Errorf("forward: batch of %d: %w", n, err)))
 		return
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
@@ -140,16 +140,21 @@ func (b *batcher) send(bt *batch) {
 		fail(err)
 		return
 	}
-	statuses, err := readStatuses(resp, n)
+	h.answered.Add(1)
+	answers, err := readAnswers(resp, n, h.maxRetryAfter)
 	if err != nil {
+		// The endpoint is broken, not the records: retryable for all.
 		fail(&StatusError{StatusCode: resp.StatusCode, Status: resp.Status, URL: h.redactedURL, Batch: n, Body: err.Error()})
 		return
 	}
-	for i, c := range statuses {
-		if c >= 200 && c <= 299 {
+	for i, a := range answers {
+		if a.status >= 200 && a.status <= 299 {
 			continue
 		}
-		serr := &StatusError{StatusCode: c, Status: statusLine(c), URL: h.redactedURL, Batch: n}
+		serr := &StatusError{
+			StatusCode: a.status, Status: statusLine(a.status), URL: h.redactedURL, Batch: n,
+			Reason: a.reason, RetryAfter: a.retryAfter,
+		}
 		bt.errs[i] = h.classify(serr, resp.Header.Get("Retry-After"))
 	}
 }
@@ -159,40 +164,6 @@ func statusLine(c int) string {
 		return strconv.Itoa(c) + " " + t
 	}
 	return strconv.Itoa(c)
-}
-
-// readStatuses reads a 2xx batch answer: nil for an empty body (all done),
-// else a JSON array of n statuses. It closes the body.
-func readStatuses(resp *http.Response, n int) ([]int, error) {
-	defer drain(resp)
-	if resp.ContentLength == 0 {
-		return nil, nil
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, drainLimit))
-	if err != nil {
-		return nil, fmt.Errorf("reading the answer: %v", err)
-	}
-	if len(trimSpace(body)) == 0 {
-		return nil, nil
-	}
-	var statuses []int
-	if err := json.Unmarshal(body, &statuses); err != nil {
-		return nil, fmt.Errorf("answer is neither empty nor a JSON array of statuses: %v", err)
-	}
-	if len(statuses) != n {
-		return nil, fmt.Errorf("answer has %d statuses for %d records", len(statuses), n)
-	}
-	return statuses, nil
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
 }
 
 // batchTrace returns the trace context of the first record that has one.
@@ -230,8 +201,9 @@ func batchSize(rs []*kgo.Record) int {
 	return n
 }
 
-// appendBatch appends the JSON array of rs (see the package documentation).
-func appendBatch(b []byte, rs []*kgo.Record) []byte {
+// appendBatch appends the JSON array of rs (see the package
+// documentation); contentType is that of a record without one.
+func appendBatch(b []byte, rs []*kgo.Record, contentType string) []byte {
 	b = append(b, '[')
 	for i, r := range rs {
 		if i > 0 {
@@ -249,6 +221,8 @@ func appendBatch(b []byte, rs []*kgo.Record) []byte {
 		b = appendBase64OrNull(b, r.Key)
 		b = append(b, `,"value":`...)
 		b = appendBase64OrNull(b, r.Value)
+		b = append(b, `,"content_type":`...)
+		b = appendJSONString(b, recordContentType(r, contentType))
 		b = append(b, `,"headers":{`...)
 		first := true
 		for j, h := range r.Headers {
@@ -339,6 +313,9 @@ type BatchRecord struct {
 	Timestamp time.Time `json:"timestamp"`
 	Key       []byte    `json:"key"`
 	Value     []byte    `json:"value"`
+	// ContentType is the record's content-type header, or the Handler's
+	// ContentType when it has none.
+	ContentType string `json:"content_type"`
 	// Headers has the last value of each header name.
 	Headers map[string][]byte `json:"headers"`
 	// HeaderList has every header in record order: [name, base64 value].

@@ -146,7 +146,7 @@ func BenchmarkForwardVsLoadGenerator(b *testing.B) {
 		conc := tc.conc
 		b.Run(tc.name, func(b *testing.B) {
 			srv := benchEndpoint(b, service)
-			opts := []Option{Concurrency(conc), Timeout(attemptTimeout)}
+			opts := []Opt{Concurrency(conc), Timeout(attemptTimeout)}
 			if tc.batch > 1 {
 				opts = append(opts, Batch(tc.batch, 5*time.Millisecond))
 			}

@@ -1,101 +1,3 @@
-// Package forward is a kpar.Handler that POSTs records to an HTTP endpoint:
-// the handler behind `kpar forward`, which makes kpar usable from any
-// language that can serve HTTP. It sends one request per record, or, with
-// Batch, one request per group of records.
-//
-// # Request, one record
-//
-// Each record becomes one POST to the URL. The body is the record's value,
-// sent from the record's own bytes without a copy (an empty body for a nil
-// or an empty value; Kpar-Tombstone tells them apart). The headers describe
-// the record:
-//
-//	Kpar-Topic:       the topic
-//	Kpar-Partition:   the partition, decimal
-//	Kpar-Offset:      the offset, decimal
-//	Kpar-Timestamp:   the record's timestamp, RFC 3339 in UTC with milliseconds
-//	Kpar-Key:         the key, standard base64 (absent for a nil key, empty
-//	                  for an empty one)
-//	Kpar-Tombstone:   "true" when the value is nil (a tombstone); absent
-//	                  otherwise, so an empty body without it is an empty value
-//	Kpar-Headers:     every record header in record order, exact names:
-//	                  "name=base64value, name=base64value, ..." (absent when
-//	                  the record has none); see below
-//	Kpar-Header-<h>:  for each record header h, its value in standard base64;
-//	                  a header repeated in the record is repeated here
-//	Traceparent, Tracestate: copied from the record's traceparent and
-//	                  tracestate headers (W3C trace context), so that the
-//	                  endpoint continues the producer's trace
-//
-// HTTP header names are case-insensitive, so Kpar-Header-<h> merges record
-// headers whose names differ only in case ("Trace" and "trace" arrive as
-// one header with two values) and a receiver must not rely on the case of
-// <h>. It is kept for compatibility; Kpar-Headers is exact: each item is a
-// name, '=', and the value in standard base64; items are separated by ", ".
-// In both forms the bytes of a record header name that are not HTTP token
-// characters (RFC 9110 tchar), and '%' itself, are percent-encoded as %XX,
-// upper-case hex, so names never contain '=' or ',' and decode back to the
-// exact bytes: "trace id" is sent as trace%20id.
-//
-// Both forms travel in the request's head, which servers and proxies limit
-// (nginx to 8 KiB a line by default, Go to 1 MiB in all): a record with
-// large headers can be refused with 431, a permanent error. Batch puts
-// the headers in the body instead.
-//
-// # Request, a batch
-//
-// With Batch(n, wait), records are collected into batches of up to n, sent
-// when n records are waiting or wait after the first one arrived. The body
-// is a JSON array (Content-Type: application/json), one object per record:
-//
-//	{"topic": "orders", "partition": 3, "offset": 42,
-//	 "timestamp": "2024-05-06T05:08:09.123Z",
-//	 "key": "base64" or null (nil key),
-//	 "value": "base64" or null (nil value, a tombstone),
-//	 "headers": {"name": "base64", ...},
-//	 "header_list": [["name", "base64"], ...]}
-//
-// "headers" maps each record header name to its value (the last one when a
-// name repeats); "header_list" has them all, in record order. Names are JSON
-// strings (bytes that are not valid UTF-8 become U+FFFD). A batch carries
-// Traceparent and Tracestate from its first record that has them; the other
-// records' trace context is in their own headers.
-//
-// Batches are made of the records the handler holds at once: kpar's
-// ordering gives the handler at most one record per key and partition (Key
-// mode) or per partition (Partition mode) at a time, so a batch never holds
-// two records whose order matters, whatever the endpoint does with them.
-// Batches fill only when kpar runs at least n handlers at once, and kpar's
-// Concurrency bounds records, not requests: at Concurrency c about c/n
-// batches are in flight. Give kpar a Concurrency of several times n (kpar
-// forward uses 8n); fewer keys (Key mode) or partitions (Partition mode)
-// than n leave batches partial, sent after wait. The connection pool
-// (Concurrency here) only needs c/n connections.
-//
-// # Response
-//
-// A 2xx response means the record is done. 408, 429 and 5xx responses,
-// connection errors and timeouts are retryable errors: kpar retries the
-// record with backoff, and a 429 or 503 with a Retry-After header (seconds or
-// an HTTP date) is retried no sooner than it says (kpar.RetryAfter), capped
-// at MaxRetryAfter. Any other 4xx and a redirect that cannot be followed
-// with the body (301, 302, 303) are permanent (kpar.Permanent): kpar
-// dead-letters the record at once. 307 and 308 redirects are followed with
-// the body (without the extra Header values when the redirect leaves the
-// host). Errors carry a *StatusError when the server answered.
-//
-// A batch's response applies to all its records, except a 2xx whose body is
-// a JSON array of integers, one status per record in request order, each
-// read as the status of that record's own request (2xx done, 408, 429 and
-// 5xx retried, other 4xx dead-lettered). A 2xx with an empty body finishes
-// every record; a 2xx with any other body, or an array of the wrong length,
-// is a retryable error for all of them (the endpoint is broken, not the
-// records).
-//
-// Response bodies are read (up to 64 KiB, of which the first 512 bytes go
-// into the error of a failed request) and closed so that connections are
-// reused: the Handler keeps a keep-alive pool of Concurrency connections to
-// the endpoint.
 package forward
 
 import (
@@ -105,13 +7,13 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
-	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -129,6 +31,26 @@ const (
 	HeaderHeaders   = "Kpar-Headers"
 	HeaderPrefix    = "Kpar-Header-"
 )
+
+// ContentTypeHeader is the record header (matched in any case) whose value
+// is sent as the request's Content-Type: the CloudEvents Kafka binding's
+// name for it.
+const ContentTypeHeader = "content-type"
+
+// recordContentType is r's content type: the value of its last
+// content-type header (any case) when that is a valid field value, else
+// def.
+func recordContentType(r *kgo.Record, def string) string {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if k := r.Headers[i].Key; len(k) == len(ContentTypeHeader) && strings.EqualFold(k, ContentTypeHeader) {
+			if v := strings.TrimSpace(string(r.Headers[i].Value)); v != "" && validFieldValue(v) {
+				return v
+			}
+			break
+		}
+	}
+	return def
+}
 
 // W3C trace context: the record headers copied to the request's own
 // headers (the HTTP names are their canonical forms).
@@ -155,92 +77,6 @@ const (
 	maxRedirects = 10
 )
 
-// Option configures a Handler.
-type Option interface{ apply(*cfg) }
-
-type option func(*cfg)
-
-func (o option) apply(c *cfg) { o(c) }
-
-type cfg struct {
-	client        *http.Client
-	concurrency   int
-	timeout       time.Duration
-	maxRetryAfter time.Duration
-	header        http.Header
-	tls           *tls.Config
-	batch         int
-	batchWait     time.Duration
-}
-
-func defaultCfg() cfg {
-	return cfg{
-		concurrency:   64,
-		timeout:       30 * time.Second,
-		maxRetryAfter: 5 * time.Minute,
-		batch:         1,
-		batchWait:     5 * time.Millisecond,
-	}
-}
-
-// Client sets the HTTP client, overriding the default: a client of its own
-// with a keep-alive pool of Concurrency connections that follows only 307
-// and 308 redirects. The client is used as it is, so Concurrency and
-// TLSConfig do not apply to it; the Handler still applies Timeout on top
-// of the client's own timeout.
-func Client(c *http.Client) Option { return option(func(cfg *cfg) { cfg.client = c }) }
-
-// Concurrency sizes the default client's connection pool: at most n
-// connections to the endpoint, all kept alive between requests, overriding
-// the default 64. Give it the Consumer's kpar.Concurrency so that every
-// worker has a connection and none is opened and closed per request.
-func Concurrency(n int) Option { return option(func(cfg *cfg) { cfg.concurrency = n }) }
-
-// Timeout bounds one request, from sending it to reading the response,
-// overriding the default 30s (kpar's default AttemptTimeout). The request
-// also ends when the handler's context does, whichever comes first. 0 means
-// no timeout beyond the context's.
-func Timeout(d time.Duration) Option { return option(func(cfg *cfg) { cfg.timeout = d }) }
-
-// MaxRetryAfter caps the wait a Retry-After header can ask for, overriding
-// the default 5m: a record waiting for its retry holds back the later
-// records of its key (or partition) and its partition's commit point.
-func MaxRetryAfter(d time.Duration) Option {
-	return option(func(cfg *cfg) { cfg.maxRetryAfter = d })
-}
-
-// Header adds h to every request (an API key, an Authorization header),
-// after the ones given by earlier Header options. Names kpar sets itself
-// (Kpar-*, Content-Type, Content-Length, Host, Traceparent, Tracestate)
-// are rejected by New. The values are not sent on when a redirect leaves
-// the endpoint's host.
-func Header(h http.Header) Option {
-	return option(func(cfg *cfg) {
-		if cfg.header == nil {
-			cfg.header = make(http.Header)
-		}
-		for k, vs := range h {
-			k = textproto.CanonicalMIMEHeaderKey(k)
-			cfg.header[k] = append(cfg.header[k], vs...)
-		}
-	})
-}
-
-// TLSConfig sets the default client's TLS configuration, for an endpoint
-// whose certificate comes from a private CA (RootCAs) or that wants a
-// client certificate, overriding Go's default (system roots).
-func TLSConfig(c *tls.Config) Option { return option(func(cfg *cfg) { cfg.tls = c }) }
-
-// Batch makes the Handler send up to n records per request, as a JSON array
-// (see the package documentation), overriding the default of one record
-// per request with the value as the body. A batch is sent when n records
-// are waiting or wait after its first record arrived, whichever comes
-// first; wait must be more than 0 when n > 1. Each Handle call still
-// returns its own record's outcome.
-func Batch(n int, wait time.Duration) Option {
-	return option(func(cfg *cfg) { cfg.batch, cfg.batchWait = n, wait })
-}
-
 // Handler POSTs records to one URL. It implements kpar.Handler and is safe
 // for concurrent use.
 type Handler struct {
@@ -252,15 +88,21 @@ type Handler struct {
 	maxRetryAfter time.Duration
 	header        http.Header   // extra headers, canonical names
 	nHeader       int           // values in header
+	contentType   []string      // Content-Type of a record without one, shared
+	cloudEvents   *cloudEvents  // nil without CloudEvents
 	batch         *batcher      // nil without Batch
 	tmpl          *http.Request // POST to url, copied for each request
+	// answered counts 2xx answers: a request that timed out while it
+	// moved had the endpoint answering others, and the timeout is the
+	// record's, not an outage (see transportError).
+	answered atomic.Uint64
 }
 
 var _ kpar.Handler = (*Handler)(nil)
 
 // New returns a Handler that POSTs every record to rawURL, an absolute http
 // or https URL.
-func New(rawURL string, opts ...Option) (*Handler, error) {
+func New(rawURL string, opts ...Opt) (*Handler, error) {
 	c := defaultCfg()
 	for _, o := range opts {
 		if o != nil {
@@ -285,10 +127,16 @@ func New(rawURL string, opts ...Option) (*Handler, error) {
 		return nil, fmt.Errorf("forward: Batch(%d, ...) out of range: want 1 or more", c.batch)
 	case c.batch > 1 && c.batchWait <= 0:
 		return nil, fmt.Errorf("forward: Batch(%d, %v): the wait must be more than 0", c.batch, c.batchWait)
+	case c.batch > 1 && c.cloudEvents != nil:
+		return nil, fmt.Errorf("forward: CloudEvents sends one event per request; it excludes Batch(%d, ...)", c.batch)
+	}
+	contentType, err := defaultContentType(&c)
+	if err != nil {
+		return nil, err
 	}
 	n := 0
 	for k, vs := range c.header {
-		if err := checkExtraHeader(k, vs); err != nil {
+		if err := checkExtraHeader(k, vs, c.cloudEvents != nil); err != nil {
 			return nil, err
 		}
 		n += len(vs)
@@ -297,6 +145,7 @@ func New(rawURL string, opts ...Option) (*Handler, error) {
 		url: u, redactedURL: u.Redacted(), client: c.client,
 		timeout: c.timeout, maxRetryAfter: c.maxRetryAfter,
 		header: c.header, nHeader: n,
+		contentType: []string{contentType}, cloudEvents: c.cloudEvents,
 	}
 	h.tmpl = &http.Request{
 		Method: http.MethodPost, URL: u, Host: u.Host,
@@ -312,13 +161,43 @@ func New(rawURL string, opts ...Option) (*Handler, error) {
 	return h, nil
 }
 
+// defaultContentType settles the Content-Type of records without one:
+// ContentType, or a Content-Type given with Header (its alias, taken out
+// of the extra headers), or DefaultContentType.
+func defaultContentType(c *cfg) (string, error) {
+	ct := strings.TrimSpace(c.contentType)
+	if vs, ok := c.header["Content-Type"]; ok {
+		delete(c.header, "Content-Type")
+		alias := ""
+		if len(vs) == 1 {
+			alias = strings.TrimSpace(vs[0])
+		}
+		switch {
+		case alias == "":
+			return "", fmt.Errorf("forward: Header Content-Type has %d values: give one media type (it is the same as ContentType)", len(vs))
+		case ct != "" && !strings.EqualFold(alias, ct):
+			return "", fmt.Errorf("forward: Header Content-Type %q and ContentType(%q) disagree: give one", alias, ct)
+		}
+		ct = alias
+	}
+	if ct == "" {
+		return DefaultContentType, nil
+	}
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || !strings.Contains(mt, "/") || !validFieldValue(ct) {
+		return "", fmt.Errorf("forward: ContentType(%q) is not a media type (type/subtype[; param=value]), such as application/json", ct)
+	}
+	return ct, nil
+}
+
 // checkExtraHeader rejects a Header entry kpar sets itself or that is not
 // a valid HTTP field.
-func checkExtraHeader(k string, vs []string) error {
+func checkExtraHeader(k string, vs []string, cloudEvents bool) error {
 	switch {
-	case strings.HasPrefix(k, "Kpar-"), k == "Content-Type", k == "Content-Length", k == "Host",
+	case strings.HasPrefix(k, "Kpar-"), k == "Content-Length", k == "Host",
 		k == httpTraceParent, k == httpTraceState:
 		return fmt.Errorf("forward: Header %q: kpar sets that header itself", k)
+	case cloudEvents && strings.HasPrefix(k, "Ce-"):
+		return fmt.Errorf("forward: Header %q: with CloudEvents kpar sets the ce- headers itself (ce-source and ce-type are CloudEvents arguments)", k)
 	case k == "" || strings.IndexFunc(k, func(r rune) bool { return r > 0x7f || !isTchar(byte(r)) }) >= 0:
 		return fmt.Errorf("forward: Header %q: not a valid HTTP header name", k)
 	}
@@ -369,8 +248,9 @@ func (h *Handler) CloseIdleConnections() { h.client.CloseIdleConnections() }
 // Handle POSTs r (alone, or in a batch with Batch) and classifies the
 // outcome: nil for a 2xx response, a kpar.Permanent error for a response
 // that retrying cannot change, kpar.Overloaded for a 429 or 503 (with
-// kpar.RetryAfter when it asked for a wait) and for a request that got no
-// answer, a plain error otherwise.
+// kpar.RetryAfter when it asked for a wait), for a request that got no
+// answer and for a timeout (see the package documentation), a *TLSError
+// for a certificate that does not verify, a plain error otherwise.
 func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	if h.batch != nil {
 		return h.batch.handle(ctx, r)
@@ -378,13 +258,14 @@ func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	ctx, cancel := h.withTimeout(ctx)
 	defer cancel()
 	req := h.request(ctx, r)
+	started := h.answered.Load()
 	resp, err := h.do(req)
 	if err != nil {
-		// Connection errors, timeouts, and the context ending: retryable.
 		// (*url.Error names the method and URL.)
-		return transportError(ctx, fmt.Errorf("forward: %w", err))
+		return h.transportError(ctx, started, fmt.Errorf("forward: %w", err))
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		h.answered.Add(1)
 		drain(resp)
 		return nil
 	}
@@ -392,19 +273,6 @@ func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 }
 
 func noop() {}
-
-// transportError marks a request that got no answer (connection refused or
-// reset, a timeout) as the endpoint pushing back, kpar.Overloaded: an
-// endpoint that is down is probed ever more slowly (kpar's breaker, or
-// kpar.AdaptiveConcurrency) instead of having every record's attempts burnt
-// and dead-lettered.
-// Not when ctx itself ended: kpar stopped the attempt.
-func transportError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return err
-	}
-	return kpar.Overloaded(err)
-}
 
 // withTimeout applies Timeout unless ctx already ends sooner (kpar's
 // attempt deadline usually does), which saves a timer per request.
@@ -416,37 +284,6 @@ func (h *Handler) withTimeout(ctx context.Context) (context.Context, context.Can
 		return ctx, noop
 	}
 	return context.WithTimeout(ctx, h.timeout)
-}
-
-// failure reads a non-2xx response into its error and closes it.
-func (h *Handler) failure(resp *http.Response) error {
-	serr := &StatusError{StatusCode: resp.StatusCode, Status: resp.Status, URL: h.redactedURL}
-	serr.Body = snippet(resp.Body)
-	drain(resp)
-	return h.classify(serr, resp.Header.Get("Retry-After"))
-}
-
-// classify wraps serr as its status requires.
-func (h *Handler) classify(serr *StatusError, retryAfter string) error {
-	switch c := serr.StatusCode; {
-	case c >= 200 && c <= 299:
-		return nil
-	case c == http.StatusTooManyRequests || c == http.StatusServiceUnavailable:
-		// The endpoint pushing back (kpar.Overloaded: see
-		// kpar.AdaptiveConcurrency), with the wait it asked for, if any.
-		if d, ok := parseRetryAfter(retryAfter, time.Now()); ok {
-			serr.RetryAfter = min(d, h.maxRetryAfter)
-			return kpar.Overloaded(kpar.RetryAfter(serr, serr.RetryAfter))
-		}
-		return kpar.Overloaded(serr)
-	case c == http.StatusRequestTimeout || c >= 500:
-		return serr
-	case c >= 300 && c <= 499:
-		return kpar.Permanent(serr)
-	}
-	// 1xx as a final answer, or outside HTTP's range: a broken server or
-	// proxy, which may be fixed.
-	return serr
 }
 
 // do sends req. With the default client it goes straight to the
@@ -478,7 +315,7 @@ func (h *Handler) do(req *http.Request) (*http.Response, error) {
 		}
 		drain(resp)
 		if err != nil {
-			return nil, &url.Error{Op: "Post", URL: h.redactedURL, Err: err}
+			return nil, &url.Error{Op: "Post", URL: h.redactedURL, Err: redirectError{err}}
 		}
 		var body io.ReadCloser = http.NoBody
 		if req.GetBody != nil {
@@ -543,7 +380,11 @@ func (b *rewindable) rewind() (io.ReadCloser, error) { return newRewindable(b.da
 // allocations whatever its number of headers.
 func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 	nh := len(r.Headers)
-	req := h.newRequest(ctx, r.Value, 8+nh)
+	room := 9 + nh
+	if h.cloudEvents != nil {
+		room += 6
+	}
+	req := h.newRequest(ctx, r.Value, room)
 	hd := req.Header
 
 	// Sizes: decimal numbers, the timestamp, base64 of the key, and per
@@ -570,18 +411,22 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 	}
 	mark()
 	fixed := len(ends)
-	traceAt := [2]int{-1, -1}
+	// The record headers copied to the request's own: traceparent,
+	// tracestate and content-type (the last of each).
+	copyAt := [3]int{-1, -1, -1}
 	for i, rh := range r.Headers {
 		buf = append(buf, HeaderPrefix...)
 		buf = appendHeaderName(buf, rh.Key)
 		mark()
 		buf = base64.StdEncoding.AppendEncode(buf, rh.Value)
 		mark()
-		switch rh.Key {
-		case TraceParent:
-			traceAt[0] = i
-		case TraceState:
-			traceAt[1] = i
+		switch {
+		case rh.Key == TraceParent:
+			copyAt[0] = i
+		case rh.Key == TraceState:
+			copyAt[1] = i
+		case len(rh.Key) == len(ContentTypeHeader) && strings.EqualFold(rh.Key, ContentTypeHeader):
+			copyAt[2] = i
 		}
 	}
 	for i, rh := range r.Headers {
@@ -593,7 +438,7 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 		buf = base64.StdEncoding.AppendEncode(buf, rh.Value)
 	}
 	mark()
-	for _, i := range traceAt {
+	for _, i := range copyAt {
 		if i >= 0 {
 			buf = append(buf, r.Headers[i].Value...)
 		}
@@ -610,7 +455,7 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 
 	// One backing array for the one-value headers; a repeated record
 	// header appends past its cap and gets its own.
-	vals := make([]string, 0, 8+nh)
+	vals := make([]string, 0, 9+nh)
 	set := func(k, v string) {
 		vals = append(vals, v)
 		hd[k] = vals[len(vals)-1 : len(vals) : len(vals)]
@@ -618,7 +463,6 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 	// The names are already in canonical form, so setting the map directly
 	// skips net/http's canonicalisation and keeps record header names as
 	// they are on an HTTP/1.1 wire.
-	hd["Content-Type"] = octetStream
 	hd[HeaderTopic] = []string{r.Topic}
 	set(HeaderPartition, at(0))
 	set(HeaderOffset, at(1))
@@ -641,11 +485,20 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 		set(HeaderHeaders, at(fixed+2*nh))
 	}
 	for j, name := range [2]string{httpTraceParent, httpTraceState} {
-		if traceAt[j] >= 0 {
+		if copyAt[j] >= 0 {
 			if v := at(fixed + 2*nh + 1 + j); validFieldValue(v) {
 				set(name, v)
 			}
 		}
+	}
+	hd["Content-Type"] = h.contentType
+	if copyAt[2] >= 0 {
+		if v := strings.TrimSpace(at(fixed + 2*nh + 3)); v != "" && validFieldValue(v) {
+			set("Content-Type", v)
+		}
+	}
+	if h.cloudEvents != nil {
+		h.cloudEvents.setHeaders(hd, r)
 	}
 	return req
 }
@@ -653,9 +506,8 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 // Shared header values; net/http never changes a request's values, and
 // Header.Add on a one-value, full-capacity slice copies it.
 var (
-	octetStream = []string{"application/octet-stream"}
-	jsonType    = []string{"application/json"}
-	tombstone   = []string{"true"}
+	jsonType  = []string{"application/json"}
+	tombstone = []string{"true"}
 )
 
 // validFieldValue reports whether v may be sent as an HTTP field value
@@ -717,15 +569,6 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return max(t.Sub(now), 0), true
 }
 
-// snippet reads the start of a failed response's body for its error, as
-// valid UTF-8 with surrounding space trimmed.
-func snippet(body io.Reader) string {
-	buf := make([]byte, snippetLimit)
-	n, _ := io.ReadFull(body, buf)
-	s := strings.TrimSpace(string(buf[:n]))
-	return strings.ToValidUTF8(s, string(utf8.RuneError))
-}
-
 // drain reads what is left of a response body, up to drainLimit, and
 // closes it: a body read to its end lets the connection go back to the
 // pool. An empty body (the usual 2xx) needs no reading.
@@ -734,37 +577,4 @@ func drain(resp *http.Response) {
 		_, _ = io.CopyN(io.Discard, resp.Body, drainLimit)
 	}
 	_ = resp.Body.Close()
-}
-
-// StatusError is a response that was not 2xx, or in a batch a record's own
-// status that was not. Handle returns it wrapped in kpar.Permanent or
-// kpar.RetryAfter as its status requires; errors.As finds it through both.
-type StatusError struct {
-	StatusCode int    // the response's status code, or the record's in a batch
-	Status     string // the response's status line, "500 Internal Server Error"
-	URL        string // the URL posted to, with any password redacted
-	// Body is the start of the response body (up to 512 bytes, as text),
-	// which often says what was wrong with the record. Empty for a
-	// record's own status in a batch's answer.
-	Body string
-	// RetryAfter is the wait the server asked for with Retry-After on a 429
-	// or 503, capped at MaxRetryAfter; 0 when it asked for none.
-	RetryAfter time.Duration
-	// Batch is the number of records in the request when it was a batch
-	// (Batch option), else 0.
-	Batch int
-}
-
-func (e *StatusError) Error() string {
-	msg := fmt.Sprintf("forward: POST %s: %s", e.URL, e.Status)
-	if e.Batch > 0 {
-		msg += fmt.Sprintf(" (in a batch of %d)", e.Batch)
-	}
-	if e.RetryAfter > 0 {
-		msg += fmt.Sprintf(" (retry after %v)", e.RetryAfter)
-	}
-	if e.Body != "" {
-		msg += ": " + e.Body
-	}
-	return msg
 }

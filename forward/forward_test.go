@@ -44,7 +44,7 @@ func recorder(t *testing.T, status int) (*httptest.Server, <-chan captured) {
 	return srv, ch
 }
 
-func newHandler(t *testing.T, url string, opts ...Option) *Handler {
+func newHandler(t *testing.T, url string, opts ...Opt) *Handler {
 	t.Helper()
 	h, err := New(url, opts...)
 	if err != nil {
@@ -488,22 +488,27 @@ func TestForwardNewRejectsBadArguments(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		url  string
-		opts []Option
+		opts []Opt
 	}{
 		{"no scheme", "example.com/in", nil},
 		{"ftp", "ftp://example.com/in", nil},
 		{"no host", "http:///in", nil},
 		{"unparsable", "http://[::1", nil},
-		{"zero concurrency", "http://example.com", []Option{Concurrency(0)}},
-		{"negative timeout", "http://example.com", []Option{Timeout(-time.Second)}},
-		{"negative max retry-after", "http://example.com", []Option{MaxRetryAfter(-time.Second)}},
-		{"zero batch", "http://example.com", []Option{Batch(0, time.Millisecond)}},
-		{"batch without wait", "http://example.com", []Option{Batch(10, 0)}},
-		{"kpar header", "http://example.com", []Option{Header(http.Header{"Kpar-Topic": {"x"}})}},
-		{"content type", "http://example.com", []Option{Header(http.Header{"content-type": {"x"}})}},
-		{"traceparent", "http://example.com", []Option{Header(http.Header{"Traceparent": {"x"}})}},
-		{"bad name", "http://example.com", []Option{Header(http.Header{"a b": {"x"}})}},
-		{"line break", "http://example.com", []Option{Header(http.Header{"X-A": {"x\r\nEvil: 1"}})}},
+		{"zero concurrency", "http://example.com", []Opt{Concurrency(0)}},
+		{"negative timeout", "http://example.com", []Opt{Timeout(-time.Second)}},
+		{"negative max retry-after", "http://example.com", []Opt{MaxRetryAfter(-time.Second)}},
+		{"zero batch", "http://example.com", []Opt{Batch(0, time.Millisecond)}},
+		{"batch without wait", "http://example.com", []Opt{Batch(10, 0)}},
+		{"kpar header", "http://example.com", []Opt{Header(http.Header{"Kpar-Topic": {"x"}})}},
+		{"content type not a media type", "http://example.com", []Opt{Header(http.Header{"content-type": {"json"}})}},
+		{"content type twice", "http://example.com", []Opt{Header(http.Header{"content-type": {"a/b", "c/d"}})}},
+		{"content types disagree", "http://example.com", []Opt{ContentType("a/b"), Header(http.Header{"Content-Type": {"c/d"}})}},
+		{"content type option", "http://example.com", []Opt{ContentType("application/json\r\nX: 1")}},
+		{"ce header with cloudevents", "http://example.com", []Opt{CloudEvents("", ""), Header(http.Header{"Ce-Type": {"x"}})}},
+		{"cloudevents with batch", "http://example.com", []Opt{CloudEvents("", ""), Batch(10, time.Millisecond)}},
+		{"traceparent", "http://example.com", []Opt{Header(http.Header{"Traceparent": {"x"}})}},
+		{"bad name", "http://example.com", []Opt{Header(http.Header{"a b": {"x"}})}},
+		{"line break", "http://example.com", []Opt{Header(http.Header{"X-A": {"x\r\nEvil: 1"}})}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := New(tc.url, tc.opts...); err == nil {
@@ -542,5 +547,66 @@ func TestForwardHeaderName(t *testing.T) {
 		if got := headerName(in); got != want {
 			t.Errorf("headerName(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestForwardContentTypeRule: a record's own content-type header (any
+// case, the last one) is the request's Content-Type; a record without one
+// gets ContentType, or application/octet-stream without it.
+func TestForwardContentTypeRule(t *testing.T) {
+	ct := func(k, v string) []kgo.RecordHeader { return []kgo.RecordHeader{{Key: k, Value: []byte(v)}} }
+	for _, tc := range []struct {
+		name    string
+		opts    []Opt
+		headers []kgo.RecordHeader
+		want    string
+	}{
+		{"default", nil, nil, "application/octet-stream"},
+		{"option", []Opt{ContentType("application/json")}, nil, "application/json"},
+		{"Header alias", []Opt{Header(http.Header{"content-type": {"application/json"}})}, nil, "application/json"},
+		{"alias agreeing with the option", []Opt{ContentType("application/json"), Header(http.Header{"Content-Type": {"Application/JSON"}})}, nil, "Application/JSON"},
+		{"record header wins", []Opt{ContentType("application/json")}, ct("content-type", "text/plain; charset=utf-8"), "text/plain; charset=utf-8"},
+		{"record header in any case", nil, ct("Content-Type", "application/avro"), "application/avro"},
+		{"last record header", nil, append(ct("content-type", "a/b"), ct("CONTENT-TYPE", "c/d")...), "c/d"},
+		{"broken record header", []Opt{ContentType("application/json")}, ct("content-type", "a/b\r\nX-Evil: 1"), "application/json"},
+		{"empty record header", []Opt{ContentType("application/json")}, ct("content-type", " "), "application/json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, got := recorder(t, http.StatusOK)
+			h := newHandler(t, srv.URL, tc.opts...)
+			if err := h.Handle(t.Context(), &kgo.Record{Topic: "t", Value: []byte("{}"), Headers: tc.headers}); err != nil {
+				t.Fatal(err)
+			}
+			c := <-got
+			if g := c.header.Values("Content-Type"); len(g) != 1 || g[0] != tc.want {
+				t.Errorf("Content-Type %q, want %q", g, tc.want)
+			}
+			if len(tc.headers) > 0 && c.header.Get(HeaderHeaders) == "" {
+				t.Errorf("the content-type record header is missing from Kpar-Headers")
+			}
+		})
+	}
+}
+
+// The body of a failed response reaches the error (and so the dead
+// letter) as one bounded line of printable text.
+func TestForwardErrorQuotesTheResponseAsPrintableText(t *testing.T) {
+	long := strings.Repeat("x", 2000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		io.WriteString(w, "<h1>Bad\tRequest</h1>\r\n\n  sku \x00\x1b[31m\"A-1\" unknown\xff "+long)
+	}))
+	defer srv.Close()
+	err := newHandler(t, srv.URL).Handle(t.Context(), &kgo.Record{Topic: "t"})
+	var se *StatusError
+	if !errors.As(err, &se) || !kpar.IsPermanent(err) {
+		t.Fatalf("err %v, want a permanent *StatusError", err)
+	}
+	want := "<h1>Bad Request</h1> sku [31m\"A-1\" unknown\uFFFD x"
+	if !strings.HasPrefix(se.Body, want) || len(se.Body) > snippetLimit+8 {
+		t.Errorf("Body %q (%d bytes), want it to start %q and hold about %d bytes", se.Body, len(se.Body), want, snippetLimit)
+	}
+	if !strings.HasSuffix(err.Error(), se.Body) {
+		t.Errorf("error %q does not end with the body", err)
 	}
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the one test command (README, .ci/run).
 # Installs what the tests need when it is missing (kcat, PostgreSQL,
-# Chromium for the status-page test),
+# Chromium for the status-page test, Node.js, npm and Flask for the
+# endpoint examples, and express from examples/node/package-lock.json),
 # starts a PostgreSQL server on 127.0.0.1 for the dead-letter tests, then
 # runs `go test -race` over every module of go.work (./... from the root
 # covers the root module only) with any extra arguments passed through,
@@ -14,6 +15,9 @@ need=()
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
 ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+python3 -c 'import flask' >/dev/null 2>&1 || /usr/bin/python3 -c 'import flask' >/dev/null 2>&1 || need+=(python3-flask)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "test.sh: installing ${need[*]}" >&2
@@ -22,6 +26,11 @@ if [ ${#need[@]} -gt 0 ]; then
   else
     echo "test.sh: missing ${need[*]}; tests that need them will skip" >&2
   fi
+fi
+# express for examples/node, exactly as its package-lock.json says.
+if command -v npm >/dev/null 2>&1; then
+  (cd examples/node && npm ci --prefer-offline --no-audit --no-fund --loglevel=error >/dev/null) ||
+    echo "test.sh: npm ci in examples/node failed; the node example will skip (fail under CI)" >&2
 fi
 
 # PostgreSQL: use KPAR_TEST_POSTGRES when the caller set it, else start a

@@ -122,7 +122,7 @@ func (f *flagSet) logger(level string) (*slog.Logger, int, bool) {
 // forwarder is what kpar forward and kpar backfill make once their flags
 // are checked: the forward.Handler of --url (target) with opts, and the
 // client options of the security flags; each failure is a usage error.
-func (f *flagSet) forwarder(target string, sec *securityOpts, opts ...forward.Option) (*forward.Handler, []kgo.Opt, int, bool) {
+func (f *flagSet) forwarder(target string, sec *securityOpts, opts ...forward.Opt) (*forward.Handler, []kgo.Opt, int, bool) {
 	h, err := forward.New(target, opts...)
 	if err != nil {
 		return nil, nil, f.usageError("invalid --url: %v", strings.TrimPrefix(err.Error(), "forward: ")), false

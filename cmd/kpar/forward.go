@@ -47,7 +47,8 @@ const revokeTimeout = 10 * time.Second
 // It exits 0 after SIGINT/SIGTERM once in-flight requests finished (up to
 // --shutdown-timeout) and their offsets are committed, 1 when it cannot run
 // (brokers unreachable, authentication or TLS failing, a fatal client
-// error), and 2 for bad usage.
+// error), and 2 for bad usage, which includes an https --url whose
+// certificate does not verify.
 func cmdForward(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("forward", ` --brokers LIST --group G|--share-group G --topic T [--topic T2...] --url URL
 
@@ -55,18 +56,31 @@ Consumes the topics (or every topic matching --topic-regex) as a member of
 consumer group G with the kpar engine, or of share group G (--share-group:
 KIP-932, Kafka 4.2+; the broker hands every member records of every
 partition, so members are not limited by the partition count; see below),
-and POSTs every record to URL: body =
-the value; headers Kpar-Topic, Kpar-Partition, Kpar-Offset, Kpar-Timestamp,
-Kpar-Key (base64; absent for a nil key), Kpar-Tombstone: true for a nil
-value (an empty body without it is an empty value), Kpar-Headers (every
-record header in order with its exact name: "name=base64, ..."), and
-Kpar-Header-<h> (base64) per record header, which HTTP merges for names
-differing only in case. A record's traceparent and tracestate headers are
-sent as the request's own, so the endpoint continues the producer's trace.
+and POSTs every record to URL. The whole HTTP contract, with examples, is
+docs/http-contract.md in the kpar repository.
+
+Request: body = the value. Content-Type = the record's own content-type
+header (any case) when it has one, else --content-type (default
+application/octet-stream): give --content-type application/json for JSON
+records, so that Flask's request.get_json() and express.json() read them
+(--header 'Content-Type: ...' means the same). Headers Kpar-Topic,
+Kpar-Partition, Kpar-Offset (together the record's idempotency key: a
+record can arrive twice), Kpar-Timestamp, Kpar-Key (base64; absent for a
+nil key), Kpar-Tombstone: true for a nil value (an empty body without it
+is an empty value), Kpar-Headers (every record header in order with its
+exact name: "name=base64, ..."), and Kpar-Header-<h> (base64) per record
+header, which HTTP merges for names differing only in case. A record's
+traceparent and tracestate headers are sent as the request's own, so the
+endpoint continues the producer's trace. --cloudevents adds CloudEvents
+binary-mode headers: ce-specversion 1.0, ce-id <topic>/<partition>/<offset>,
+ce-source, ce-type, ce-time, ce-subject (the key, if text); a record with
+ce_* headers (the CloudEvents Kafka binding) keeps its attributes.
 With --batch N, up to N records go in one request as a JSON array of
-{"topic","partition","offset","timestamp","key","value","headers",
-"header_list"} (key and value base64, null when nil); the endpoint answers
-2xx with an empty body (all done) or a JSON array of one status per record.
+{"topic","partition","offset","timestamp","key","value","content_type",
+"headers","header_list"} (key and value base64, null when nil); the
+endpoint answers 2xx with an empty body (all done) or a JSON array with
+one item per record, in request order: a status (200) or an object
+{"status": 422, "error": "why", "retry_after": seconds}.
 Batches fill only from records in flight at once, at most one per key
 (--ordering key) or partition (--ordering partition): --concurrency
 defaults to 8 x --batch then (8 batches in flight), and fewer keys or
@@ -74,11 +88,15 @@ partitions than --batch leave batches partial, sent after --batch-wait.
 A 2xx response finishes the record. 408, 429, 5xx, connection errors and
 timeouts are retried with backoff (Retry-After honoured on 429 and 503);
 after --max-attempts (and --retry-topics, if any), and at once for any
-other 4xx, the record goes to the dead letters. 429, 503 and connection
-errors burn no attempt: an endpoint that is down or overloaded is probed
-with pauses growing to 5s (or, with --adaptive, gets fewer requests in
-flight), nothing is dead-lettered for it, and the log summarises it every
-10s. --rate-limit and --key-rate-limit cap requests per second. Offsets
+other 4xx, the record goes to the dead letters, whose message quotes the
+start of the response (or the batch item's "error"). 429, 503, connection
+errors and timeouts burn no attempt: an endpoint that is down, overloaded
+or hanging is probed with pauses growing to 5s (or, with --adaptive, gets
+fewer requests in flight), nothing is dead-lettered for it, and the log
+summarises it every 10s; a timeout does burn one when the endpoint
+answered other requests meanwhile (the record itself hangs it). An https
+URL whose certificate does not verify is refused at start (exit 2; see
+--url-ca). --rate-limit and --key-rate-limit cap requests per second. Offsets
 are committed only below finished records; a new group starts at the
 oldest record. SIGINT or SIGTERM stops fetching, finishes the fetched
 records (at the rate limit, if any) for up to --shutdown-timeout, commits
@@ -101,6 +119,10 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	fs.Var(&headers, "header", "add the header `'Name: value'` to every request; repeatable (KPAR_HEADER: one per line)")
 	headerFile := fs.String("header-file", "", "add the headers in `FILE`, one 'Name: value' per line (# comments), to every request: for secrets")
 	urlCA := fs.String("url-ca", "", "verify an https --url against the PEM CA certificates in `FILE` instead of the system's")
+	contentType := fs.String("content-type", forward.DefaultContentType, "the Content-Type of requests whose record has no content-type header of its own (which wins), `TYPE`; application/json for JSON records")
+	cloudEvents := fs.Bool("cloudevents", false, "send each record as a CloudEvent in binary mode: ce-* headers, the value as the body (excludes --batch)")
+	ceSource := fs.String("ce-source", forward.DefaultCloudEventsSource, "with --cloudevents, the ce-source of records without a ce_source header, `URI`; {topic} stands for the record's topic")
+	ceType := fs.String("ce-type", forward.DefaultCloudEventsType, "with --cloudevents, the ce-type of records without a ce_type header")
 	batch := fs.Int("batch", 1, "send up to `N` records per request, as a JSON array (1: one record per request, the value as the body)")
 	batchWait := fs.Duration("batch-wait", 5*time.Millisecond, "with --batch, send a batch that is not full this long after its first record")
 	var ord kpar.Order
@@ -165,6 +187,10 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return fs.usageError("invalid --batch %d: want 1 to 16384", *batch)
 	case *batch > 1 && *batchWait <= 0:
 		return fs.usageError("invalid --batch-wait %v: want more than 0", *batchWait)
+	case *batch > 1 && *cloudEvents:
+		return fs.usageError("invalid --batch with --cloudevents: a CloudEvent in binary mode is one record per request")
+	case !*cloudEvents && (fs.given("ce-source") || fs.given("ce-type")):
+		return fs.usageError("invalid --ce-source/--ce-type: they need --cloudevents")
 	case *concurrency < 1 || *concurrency > 1<<16:
 		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
 	case *sessionTimeout < time.Second:
@@ -207,9 +233,15 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if err != nil {
 		return fs.usageError("%v", err)
 	}
-	fwdOpts := []forward.Option{
+	if code, ok := contentTypeFlag(fs, contentType, extra); !ok {
+		return code
+	}
+	fwdOpts := []forward.Opt{
 		forward.Concurrency(*concurrency), forward.Timeout(*att.timeout), forward.Header(extra),
-		forward.Batch(*batch, *batchWait),
+		forward.Batch(*batch, *batchWait), forward.ContentType(*contentType),
+	}
+	if *cloudEvents {
+		fwdOpts = append(fwdOpts, forward.CloudEvents(*ceSource, *ceType))
 	}
 	if *urlCA != "" {
 		pool, err := readCAs(*urlCA)
@@ -322,7 +354,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	attrs := []any{
 		"brokers", strings.Join(seeds, ","), groupKey, groupName,
-		"url", redactURL(*target), "ordering", ord.String(), "concurrency", *concurrency,
+		"url", redactURL(*target), "content_type", *contentType, "ordering", ord.String(), "concurrency", *concurrency,
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
@@ -336,6 +368,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	if *adaptive {
 		attrs = append(attrs, "adaptive", true)
+	}
+	if *cloudEvents {
+		attrs = append(attrs, "cloudevents", true, "ce_source", *ceSource, "ce_type", *ceType)
 	}
 	if *rateLimit > 0 {
 		attrs = append(attrs, "rate_limit", *rateLimit, "rate_burst", defaultBurst(*rateLimit, *rateBurst))
@@ -357,6 +392,13 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		attrs = append(attrs, "metrics_listen", *metricsListen)
 	}
 	log.Info("kpar forward starting", attrs...)
+
+	// A certificate that does not verify fails every request alike: a
+	// configuration error to report now, not a reason to dead-letter
+	// every record. An endpoint that does not answer yet is waited for.
+	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
+		return code
+	}
 
 	// franz-go retries a failing connection forever, which would hide a
 	// wrong password or certificate behind a quiet loop: check first, and
@@ -427,6 +469,42 @@ func skipDeadLetters(h kpar.Handler, sink deadLetterSink, log *slog.Logger) kpar
 		}
 		return nil
 	})
+}
+
+// contentTypeFlag checks --content-type and takes a Content-Type given
+// with --header or --header-file as its alias, out of extra.
+func contentTypeFlag(fs *flagSet, contentType *string, extra http.Header) (code int, ok bool) {
+	if vs := extra.Values("Content-Type"); len(vs) > 0 {
+		switch {
+		case len(vs) > 1:
+			return fs.usageError("invalid --header Content-Type: given %d times; give it once (it is --content-type)", len(vs)), false
+		case fs.given("content-type") && !strings.EqualFold(vs[0], *contentType):
+			return fs.usageError("invalid --header Content-Type %q: it is --content-type, which says %q; give one", vs[0], *contentType), false
+		}
+		*contentType = vs[0]
+		extra.Del("Content-Type")
+	}
+	if _, err := forward.New("http://localhost/", forward.ContentType(*contentType)); err != nil {
+		return fs.usageError("invalid --content-type %q: want a media type such as application/json", *contentType), false
+	}
+	return 0, true
+}
+
+// checkEndpoint checks the certificate of an https --url before the first
+// record (forward.Handler.CheckTLS): one that does not verify is a usage
+// error (exit 2), an endpoint that cannot be reached yet only a warning.
+func checkEndpoint(ctx context.Context, fs *flagSet, h *forward.Handler, timeout time.Duration, log *slog.Logger) (code int, ok bool) {
+	cctx, cancel := context.WithTimeout(ctx, min(timeout, 10*time.Second))
+	defer cancel()
+	err := h.CheckTLS(cctx)
+	var tlsErr *forward.TLSError
+	switch {
+	case errors.As(err, &tlsErr):
+		return fs.usageError("invalid --url: %s", strings.TrimPrefix(err.Error(), "forward: ")), false
+	case err != nil && ctx.Err() == nil:
+		log.Warn("kpar forward: the --url endpoint does not answer yet; records wait for it", "err", err)
+	}
+	return 0, true
 }
 
 // listFlag is a repeatable string flag.

@@ -918,6 +918,11 @@ func TestForwardRejectsBadFlags(t *testing.T) {
 		{"header file missing", with("--header-file", "/nonexistent/h"), nil, "--header-file"},
 		{"url ca missing", with("--url-ca", "/nonexistent/ca.pem"), nil, "--url-ca"},
 		{"url ca not pem", with("--url-ca", "forward_test.go"), nil, "--url-ca"},
+		{"content type", with("--content-type", "json"), nil, "--content-type"},
+		{"content type header twice", with("--header", "Content-Type: a/b", "--header", "content-type: a/b"), nil, "--header"},
+		{"content type header and flag disagree", with("--content-type", "application/json", "--header", "Content-Type: text/plain"), nil, "--content-type"},
+		{"cloudevents with batch", with("--cloudevents", "--batch", "10"), nil, "--batch"},
+		{"ce type without cloudevents", with("--ce-type", "com.example"), nil, "--cloudevents"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
@@ -974,6 +979,8 @@ func TestForwardHelpListsEveryFlag(t *testing.T) {
 		"-batch", "-batch-wait", "(default 5ms)", "-header", "-header-file", "-url-ca", "-retry-topics",
 		"-dead-letters", "-topic-regex", "Kpar-Tombstone", "Kpar-Headers", "traceparent",
 		"-rate-limit", "-key-rate-limit", "-rate-burst", "-key-rate-burst", "-adaptive",
+		"-content-type", `(default "application/octet-stream")`, "the record's own content-type", "docs/http-contract.md",
+		"-cloudevents", "-ce-source", "-ce-type", `{"status": 422, "error": "why", "retry_after": seconds}`,
 	} {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage does not mention %s:\n%s", f, stderr.String())
@@ -1372,69 +1379,88 @@ func TestForwardParseDeadLetters(t *testing.T) {
 }
 
 // TestForwardOutageDeadLettersNothing: with the default flags an endpoint
-// that answers 503 until records have been tried past --max-attempts
-// dead-letters nothing; once it recovers every record is delivered, and the
-// log summarises the outage instead of a line per attempt.
+// that is down until records have been tried past --max-attempts
+// dead-letters nothing, whether it answers 503 or hangs past
+// --attempt-timeout (issue 28: a 20 s hang with --attempt-timeout 2s
+// dead-lettered 5 of 20); once it recovers every record is delivered, and
+// the log summarises the outage instead of a line per attempt.
 func TestForwardOutageDeadLettersNothing(t *testing.T) {
-	t.Parallel()
-	bin, ctx := e2e(t, 2*time.Minute)
-	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "3")
-	const n = 60
-	produceIndexed(ctx, t, "orders", n, 6, kgo.SeedBrokers(addr))
-
-	var down atomic.Bool
-	down.Store(true)
-	var ep *endpoint
-	ep = newEndpoint(t, func(i, attempt int) reply {
-		if down.Load() {
-			ep.note(func() {}) // wake the waiter: it counts attempts
-			return reply{status: http.StatusServiceUnavailable}
-		}
-		return reply{}
-	})
-	dlq := filepath.Join(t.TempDir(), "dead.jsonl")
-	p := startForward(ctx, t, bin, nil, "--brokers", addr, "--group", "g", "--topic", "orders",
-		"--url", ep.srv.URL, "--dead-letters", "file://"+dlq)
-	// Down until records were tried past --max-attempts (3), which before
-	// made them dead letters (in key order only the first of each key is
-	// tried), and for a second: the breaker opens after 250ms.
-	ep.waitFor(ctx, t, p, "records tried more than 3 times, for a second", func() bool {
-		past, first := 0, time.Now()
-		for _, a := range ep.attempts {
-			if len(a) > 3 {
-				past++
-			}
-			if len(a) > 0 && a[0].Before(first) {
-				first = a[0]
-			}
-		}
-		return past >= 3 && time.Since(first) > time.Second
-	})
-	down.Store(false)
-	ep.waitFor(ctx, t, p, "every record delivered after the outage", func() bool { return ep.delivered() == n })
-	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
-		t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
-	}
-	if b, err := os.ReadFile(dlq); err == nil && len(b) > 0 {
-		t.Errorf("dead letters written for the outage:\n%s", b)
-	}
-	log := p.stderr.String()
-	attempts := 0
-	ep.mu.Lock()
-	for _, a := range ep.attempts {
-		attempts += len(a)
-	}
-	ep.mu.Unlock()
-	for _, c := range []struct {
-		msg  string
-		want int
+	for _, tc := range []struct {
+		name string
+		down reply    // the answer while down
+		args []string // more flags
+		past int      // records to see tried more than 3 times
+		// spells bounds the "downstream overloaded" lines: one, or with a
+		// hang a few (requests still hanging when the endpoint recovers
+		// time out after its first answers, a short spell of their own).
+		spells int
 	}{
-		{"kpar: handler failed", 0},
-		{"kpar: downstream overloaded", 1},
-		{"kpar: downstream recovered", 1},
+		{"503", reply{status: http.StatusServiceUnavailable}, nil, 3, 1},
+		{"hang", reply{hang: true}, []string{"--attempt-timeout", "200ms"}, 1, 3},
 	} {
-		if got := strings.Count(log, c.msg); got != c.want {
-			t.Errorf("%q logged %d times for %d attempts, want %d; stderr:\n%s", c.msg, got, attempts, c.want, tail(p.stderr))
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bin, ctx := e2e(t, 2*time.Minute)
+			_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "3")
+			const n = 60
+			produceIndexed(ctx, t, "orders", n, 6, kgo.SeedBrokers(addr))
+
+			var down atomic.Bool
+			down.Store(true)
+			var ep *endpoint
+			ep = newEndpoint(t, func(i, attempt int) reply {
+				if down.Load() {
+					ep.note(func() {}) // wake the waiter: it counts attempts
+					return tc.down
+				}
+				return reply{}
+			})
+			dlq := filepath.Join(t.TempDir(), "dead.jsonl")
+			p := startForward(ctx, t, bin, nil, append([]string{"--brokers", addr, "--group", "g", "--topic", "orders",
+				"--url", ep.srv.URL, "--dead-letters", "file://" + dlq}, tc.args...)...)
+			// Down until records were tried past --max-attempts (3), which
+			// before made them dead letters (in key order only the first of
+			// each key is tried), and for a second: the breaker opens after
+			// 250ms.
+			ep.waitFor(ctx, t, p, "records tried more than 3 times, for a second", func() bool {
+				past, first := 0, time.Now()
+				for _, a := range ep.attempts {
+					if len(a) > 3 {
+						past++
+					}
+					if len(a) > 0 && a[0].Before(first) {
+						first = a[0]
+					}
+				}
+				return past >= tc.past && time.Since(first) > time.Second
+			})
+			down.Store(false)
+			ep.waitFor(ctx, t, p, "every record delivered after the outage", func() bool { return ep.delivered() == n })
+			if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
+				t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
+			}
+			if b, err := os.ReadFile(dlq); err == nil && len(b) > 0 {
+				t.Errorf("dead letters written for the outage:\n%s", b)
+			}
+			log := p.stderr.String()
+			attempts := 0
+			ep.mu.Lock()
+			for _, a := range ep.attempts {
+				attempts += len(a)
+			}
+			ep.mu.Unlock()
+			for _, c := range []struct {
+				msg      string
+				min, max int
+			}{
+				{"kpar: handler failed", 0, 0},
+				{"kpar: downstream overloaded", 1, tc.spells},
+				{"kpar: downstream recovered", 1, tc.spells},
+			} {
+				if got := strings.Count(log, c.msg); got < c.min || got > c.max {
+					t.Errorf("%q logged %d times for %d attempts, want %d to %d; stderr:\n%s", c.msg, got, attempts, c.min, c.max, tail(p.stderr))
+				}
+			}
+		})
 	}
 }

@@ -114,9 +114,9 @@ func (l *letters) Write(_ context.Context, ls []deadletter.Letter) error {
 // whose handler is a forward.Handler to url, counting a record as handled
 // once the endpoint took it. delivered counts those; sink gets the dead
 // letters.
-func forwardContender(name, url string, fopts []forward.Option, kopts []kpar.ConsumerOpt, sink *letters, delivered *atomic.Int64) contender {
+func forwardContender(name, url string, fopts []forward.Opt, kopts []kpar.ConsumerOpt, sink *letters, delivered *atomic.Int64) contender {
 	return contender{name: name, members: one, stamps: true, run: func(ctx context.Context, e *env) error {
-		h, err := forward.New(url, append([]forward.Option{forward.Concurrency(e.concurrency), forward.Timeout(flowTimeout)}, fopts...)...)
+		h, err := forward.New(url, append([]forward.Opt{forward.Concurrency(e.concurrency), forward.Timeout(flowTimeout)}, fopts...)...)
 		if err != nil {
 			return err
 		}
@@ -148,7 +148,7 @@ func forwardContender(name, url string, fopts []forward.Option, kopts []kpar.Con
 
 // runForward measures one forwardContender on t.
 func (r *runner) runForward(ctx context.Context, scenario, variant string, t *topic, url string, conc int,
-	fopts []forward.Option, kopts ...kpar.ConsumerOpt) (Result, int64, int64) {
+	fopts []forward.Opt, kopts ...kpar.ConsumerOpt) (Result, int64, int64) {
 	var delivered atomic.Int64
 	sink := &letters{done: func(*kgo.Record) {}}
 	c := forwardContender(KparForward, url, fopts, kopts, sink, &delivered)
@@ -309,7 +309,7 @@ func (r *runner) batch(ctx context.Context) ([]Result, error) {
 	gen, res, err := r.againstGenerator(ctx, Batch, ep, genConc, min(t.total, 30_000), func() Result {
 		before := ep.requests.Load() // the generator's
 		res, _, d := r.runForward(ctx, Batch, fmt.Sprintf("--batch %d", batch), t, ep.url, conc,
-			[]forward.Option{forward.Batch(batch, 5*time.Millisecond)})
+			[]forward.Opt{forward.Batch(batch, 5*time.Millisecond)})
 		dead, requests = dead+d, requests+ep.requests.Load()-before
 		return res
 	})
