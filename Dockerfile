@@ -1,3 +1,4 @@
+# syntax=docker/dockerfile:1
 # The kpar command as a container image: a static binary on distroless.
 #
 #   docker build -t kpar .
