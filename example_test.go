@@ -9,29 +9,43 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
 	"github.com/kpar/kpar/deadletter"
-	"github.com/kpar/kpar/internal/testkit"
 )
 
-// orders are n records for the examples' in-process broker
-// (testkit.ExampleCluster): "order-<i>", keyed by 10 customers.
-func orders(n int) []*kgo.Record {
-	rs := make([]*kgo.Record, n)
-	for i := range rs {
-		rs[i] = &kgo.Record{Key: fmt.Appendf(nil, "customer-%d", i%10), Value: fmt.Appendf(nil, "order-%d", i)}
-	}
-	return rs
-}
-
+// A Consumer in a consumer group: many records of each partition in flight,
+// one record per key at a time, commits only below finished records.
 func Example() {
-	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
-	defer cluster.Close()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+
+	// An in-process Kafka-compatible broker (franz-go's kfake) with 100
+	// orders of 10 customers on "orders"; a real program names its brokers.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Close()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var orders []*kgo.Record
+	for i := range 100 {
+		orders = append(orders, &kgo.Record{
+			Topic: "orders",
+			Key:   fmt.Appendf(nil, "customer-%d", i%10),
+			Value: fmt.Appendf(nil, "order-%d", i),
+		})
+	}
+	if err := producer.ProduceSync(ctx, orders...).FirstErr(); err != nil {
+		log.Fatal(err)
+	}
+	producer.Close()
+
 	var handled atomic.Int64
 	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 		// Records of one customer arrive one at a time, in order;
@@ -61,11 +75,33 @@ func Example() {
 // key, in ByKey mode) at once, in offset order: one database round trip
 // for many records.
 func ExampleNewBatch() {
-	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
-	defer cluster.Close()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+
+	// An in-process Kafka-compatible broker (franz-go's kfake) with 100
+	// orders of 10 customers on "orders"; a real program names its brokers.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Close()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var orders []*kgo.Record
+	for i := range 100 {
+		orders = append(orders, &kgo.Record{
+			Topic: "orders",
+			Key:   fmt.Appendf(nil, "customer-%d", i%10),
+			Value: fmt.Appendf(nil, "order-%d", i),
+		})
+	}
+	if err := producer.ProduceSync(ctx, orders...).FirstErr(); err != nil {
+		log.Fatal(err)
+	}
+	producer.Close()
+
 	var handled atomic.Int64
 	c, err := kpar.NewBatch(kpar.BatchHandlerFunc(func(ctx context.Context, rs []*kgo.Record) error {
 		if handled.Add(int64(len(rs))) == 100 {
@@ -114,11 +150,33 @@ var (
 )
 
 func ExampleWithHooks() {
-	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
-	defer cluster.Close()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+
+	// An in-process Kafka-compatible broker (franz-go's kfake) with 100
+	// orders of 10 customers on "orders"; a real program names its brokers.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Close()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var orders []*kgo.Record
+	for i := range 100 {
+		orders = append(orders, &kgo.Record{
+			Topic: "orders",
+			Key:   fmt.Appendf(nil, "customer-%d", i%10),
+			Value: fmt.Appendf(nil, "order-%d", i),
+		})
+	}
+	if err := producer.ProduceSync(ctx, orders...).FirstErr(); err != nil {
+		log.Fatal(err)
+	}
+	producer.Close()
+
 	hook := &progress{stop: cancel}
 	var calls atomic.Int64
 	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
@@ -149,17 +207,39 @@ func ExampleWithHooks() {
 // topic (itself a delayed retry). The sink here writes to Kafka
 // ("<topic>.dlq").
 func ExampleRetryTopics() {
-	cluster := testkit.ExampleCluster([]string{"orders", "orders.dlq"}, orders(20)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// An in-process Kafka-compatible broker (franz-go's kfake) with 20
+	// orders of 10 customers on "orders"; a real program names its brokers.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders", "orders.dlq"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer cluster.Close()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var orders []*kgo.Record
+	for i := range 20 {
+		orders = append(orders, &kgo.Record{
+			Topic: "orders",
+			Key:   fmt.Appendf(nil, "customer-%d", i%10),
+			Value: fmt.Appendf(nil, "order-%d", i),
+		})
+	}
+	if err := producer.ProduceSync(ctx, orders...).FirstErr(); err != nil {
+		log.Fatal(err)
+	}
+	producer.Close()
+
 	dlq, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...),
 		kgo.RecordPartitioner(kgo.ManualPartitioner())) // a dead letter keeps its partition
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer dlq.Close()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	var ok atomic.Int64
 	dead := make(chan deadletter.Letter, 1)
 	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
@@ -208,8 +288,33 @@ func (f deadLettered) OnDeadLettered(l deadletter.Letter) { f(l) }
 // A Permanent error skips the retries. The file sink appends JSON Lines and
 // fsyncs them before the record counts as finished.
 func ExampleDeadLetters() {
-	cluster := testkit.ExampleCluster([]string{"orders"}, orders(20)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// An in-process Kafka-compatible broker (franz-go's kfake) with 20
+	// orders of 10 customers on "orders"; a real program names its brokers.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer cluster.Close()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var orders []*kgo.Record
+	for i := range 20 {
+		orders = append(orders, &kgo.Record{
+			Topic: "orders",
+			Key:   fmt.Appendf(nil, "customer-%d", i%10),
+			Value: fmt.Appendf(nil, "order-%d", i),
+		})
+	}
+	if err := producer.ProduceSync(ctx, orders...).FirstErr(); err != nil {
+		log.Fatal(err)
+	}
+	producer.Close()
+
 	dir, err := os.MkdirTemp("", "kpar-example")
 	if err != nil {
 		log.Fatal(err)
@@ -221,9 +326,6 @@ func ExampleDeadLetters() {
 		log.Fatal(err)
 	}
 	defer sink.Close()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 		if string(r.Value) == "order-3" {
 			return kpar.Permanent(fmt.Errorf("order-3: malformed"))
@@ -259,11 +361,33 @@ func ExampleDeadLetters() {
 // count. The handler, retries and dead letters are the Consumer's; each
 // outcome becomes an acknowledgement.
 func ExampleShareGroup() {
-	cluster := testkit.ExampleCluster([]string{"orders"}, orders(100)...)
-	defer cluster.Close()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+
+	// An in-process Kafka-compatible broker (franz-go's kfake) with 100
+	// orders of 10 customers on "orders"; a real program names its brokers.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Close()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var orders []*kgo.Record
+	for i := range 100 {
+		orders = append(orders, &kgo.Record{
+			Topic: "orders",
+			Key:   fmt.Appendf(nil, "customer-%d", i%10),
+			Value: fmt.Appendf(nil, "order-%d", i),
+		})
+	}
+	if err := producer.ProduceSync(ctx, orders...).FirstErr(); err != nil {
+		log.Fatal(err)
+	}
+	producer.Close()
+
 	var handled, failedOnce atomic.Int64
 	c, err := kpar.New(kpar.HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
 		// A failure is retried here with backoff while this member

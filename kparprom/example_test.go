@@ -8,27 +8,40 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
-	"github.com/kpar/kpar/internal/testkit"
 	"github.com/kpar/kpar/kparprom"
 )
 
 // Metrics observes a Consumer through its hooks and its client; serve
 // m.Handler() on /metrics in a real program.
 func Example() {
-	// An in-process broker with 50 records on topic "orders".
-	records := make([]*kgo.Record, 50)
-	for i := range records {
-		records[i] = kgo.StringRecord(strconv.Itoa(i))
-	}
-	cluster := testkit.ExampleCluster([]string{"orders"}, records...)
-	defer cluster.Close()
-
-	m := kparprom.New()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+
+	// An in-process Kafka-compatible broker (franz-go's kfake) with 50
+	// records on "orders"; a real program names its brokers.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Close()
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var records []*kgo.Record
+	for i := range 50 {
+		records = append(records, &kgo.Record{Topic: "orders", Value: []byte(strconv.Itoa(i))})
+	}
+	if err := producer.ProduceSync(ctx, records...).FirstErr(); err != nil {
+		log.Fatal(err)
+	}
+	producer.Close()
+
+	m := kparprom.New()
 	var handled atomic.Int64
 	c, err := kpar.New(kpar.HandlerFunc(func(context.Context, *kgo.Record) error {
 		if handled.Add(1) == 50 {

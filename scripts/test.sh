@@ -69,3 +69,4 @@ go test -race -count=1 -timeout 15m "$@" "${pkgs[@]}"
 if [ -z "${KPAR_TEST_BROKERS:-}" ]; then
   ./scripts/realcluster.sh "$@"
 fi
+./scripts/check-readme.sh # every complete Go program in README.md and docs/ compiles
