@@ -2,15 +2,33 @@ package kpar
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// errAttemptTimeout is the cause of an attempt context cancelled by
-// AttemptTimeout.
-var errAttemptTimeout = errors.New("kpar: attempt timed out (AttemptTimeout)")
+// ErrAttemptTimeout is the cause (context.Cause) of a handler's context
+// cancelled because the attempt ran past AttemptTimeout; the context's Err
+// is then context.DeadlineExceeded, which it wraps. A context cancelled
+// because the shutdown timeout passed has ErrShutdownTimeout as its cause,
+// and context.Canceled as its Err. A handler that derives contexts from its
+// own sees the same causes there.
+var ErrAttemptTimeout = fmt.Errorf("kpar: attempt ran past AttemptTimeout: %w", context.DeadlineExceeded)
+
+// Contexts that answer context.Cause for a cancelled attempt: cancelled
+// with their cause, and carrying no value, so that attemptCtx.Value finds in
+// them only the context package's own key for the nearest canceller.
+var (
+	timeoutCause  = cancelledWith(ErrAttemptTimeout)
+	shutdownCause = cancelledWith(ErrShutdownTimeout)
+)
+
+func cancelledWith(cause error) context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+	return ctx
+}
 
 // closedDone is a closed channel shared by attempts cancelled before anyone
 // asked for Done.
@@ -58,6 +76,23 @@ func (c *attemptCtx) Done() <-chan struct{} {
 		c.done = make(chan struct{})
 	}
 	return c.done
+}
+
+// Value is the parent's values; once the attempt is cancelled, the context
+// package's lookup of the nearest canceller (context.Cause, and contexts
+// derived from this one) finds one whose cause says why: ErrAttemptTimeout
+// or ErrShutdownTimeout.
+func (c *attemptCtx) Value(key any) any {
+	if c.canceled.Load() {
+		cause := shutdownCause
+		if c.timedOut() {
+			cause = timeoutCause
+		}
+		if v := cause.Value(key); v != nil {
+			return v
+		}
+	}
+	return c.Context.Value(key)
 }
 
 func (c *attemptCtx) Err() error {

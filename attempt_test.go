@@ -2,6 +2,7 @@ package kpar
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"testing"
 	"testing/synctest"
@@ -143,5 +144,50 @@ func BenchmarkHandlerDerivesTimeout(b *testing.B) {
 		default:
 		}
 		cancel()
+	}
+}
+
+// TestAttemptContextSaysWhyItWasCancelled: a handler tells an attempt
+// timeout from a shutdown through context.Cause, on its own context and on
+// contexts it derived before or after the cancellation, and the parent's
+// values stay reachable.
+func TestAttemptContextSaysWhyItWasCancelled(t *testing.T) {
+	type key struct{}
+	parent, stopParent := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	defer stopParent()
+	for _, tc := range []struct {
+		name  string
+		err   error
+		cause error
+	}{
+		{"attempt timeout", context.DeadlineExceeded, ErrAttemptTimeout},
+		{"shutdown", context.Canceled, ErrShutdownTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &attemptCtx{Context: parent, deadline: time.Now().Add(time.Minute)}
+			if got := context.Cause(a); got != nil {
+				t.Fatalf("Cause before any cancel = %v, want nil", got)
+			}
+			before, cancel := context.WithCancel(a)
+			defer cancel()
+			a.cancel(tc.err)
+			after, cancel2 := context.WithTimeout(a, time.Hour)
+			defer cancel2()
+			<-before.Done()
+			for name, ctx := range map[string]context.Context{"attempt": a, "derived before": before, "derived after": after} {
+				if got := context.Cause(ctx); got != tc.cause {
+					t.Errorf("%s: Cause = %v, want %v", name, got, tc.cause)
+				}
+				if ctx.Err() != tc.err {
+					t.Errorf("%s: Err = %v, want %v", name, ctx.Err(), tc.err)
+				}
+				if ctx.Value(key{}) != "v" {
+					t.Errorf("%s: the parent's value is gone after the cancel", name)
+				}
+			}
+			if tc.cause == ErrAttemptTimeout && !errors.Is(context.Cause(a), context.DeadlineExceeded) {
+				t.Error("ErrAttemptTimeout does not wrap context.DeadlineExceeded")
+			}
+		})
 	}
 }

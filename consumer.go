@@ -11,9 +11,12 @@ import (
 // Handler handles one record. It returns nil when the record is done; an
 // error makes the attempt count as failed and the record is retried with
 // backoff (see RetryBackoff). A panic is recovered and counts as a failed
-// attempt. ctx is cancelled only when the Consumer gives up on the attempt
-// (the shutdown timeout passed); a handler that ignores it keeps its worker
-// busy.
+// attempt. ctx carries the attempt's deadline (AttemptTimeout) and is
+// cancelled when the deadline passes, with ErrAttemptTimeout as its
+// context.Cause (the attempt counts as failed, class timeout), or when
+// Run's shutdown timeout passes, with ErrShutdownTimeout as its cause (the
+// record is delivered again later). A handler that ignores ctx keeps its
+// worker busy until it returns.
 type Handler interface {
 	Handle(ctx context.Context, r *kgo.Record) error
 }

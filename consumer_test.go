@@ -181,6 +181,9 @@ func TestBackPressurePausesAndResumes(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	if ps, lim := cons.Partitions(), cons.ConcurrencyLimit(); ps != nil || lim != 0 {
+		t.Errorf("after Run returned: Partitions %+v, ConcurrencyLimit %d; want nil and 0, as documented", ps, lim)
+	}
 	if err := led.Report().Check(0); err != nil {
 		t.Fatal(err)
 	}

@@ -309,7 +309,9 @@ const defaultCommitInterval = 5 * time.Millisecond
 // default, fewer when a commit's round trip is longer), only while records
 // finish, none at idle. At 15,000 records a second, 5ms is 75 records;
 // raise it for members that handle many records a second cheaply. kpar
-// also commits on revoke and on shutdown.
+// also commits on revoke and on shutdown. With ShareGroup it spaces the
+// acknowledgements instead. Backfill saves its progress at its own pace
+// (ProgressInterval).
 func CommitInterval(d time.Duration) ConsumerOpt {
 	return consumerOpt(func(c *cfg) { c.commitInterval = d })
 }

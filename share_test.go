@@ -748,3 +748,37 @@ func TestShareShutdownReleasesRetriesAndQueuedRecords(t *testing.T) {
 		}
 	})
 }
+
+// TestShareOverdueAndAccessorsBetweenRuns: a share member reports attempts
+// that run past AttemptTimeout while ignoring their context (Overdue), as a
+// consumer group member does, and after Run returns the accessors report
+// no run: no partitions, a concurrency limit of 0, nothing overdue.
+func TestShareOverdueAndAccessorsBetweenRuns(t *testing.T) {
+	const topic = "share-overdue"
+	c := newShareCluster(t, topic, 1, 30*time.Second, nil)
+	produce(t, c, topic, 1, 1)
+	release := make(chan struct{})
+	h := HandlerFunc(func(context.Context, *kgo.Record) error { <-release; return nil }) // ignores its context
+	cons, err := New(h, append(shareOpts(c, "sg", topic), AttemptTimeout(50*time.Millisecond), ShutdownTimeout(5*time.Second))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	deadline := time.Now().Add(10 * time.Second)
+	for cons.Overdue() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Overdue = %d, want 1 for the attempt hanging past AttemptTimeout", cons.Overdue())
+		}
+		time.Sleep(5 * time.Millisecond) // polling a snapshot, not waiting for time to pass
+	}
+	if got := cons.ConcurrencyLimit(); got != 64 {
+		t.Errorf("ConcurrencyLimit while running = %d, want 64", got)
+	}
+	close(release)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if p, l, o := cons.Partitions(), cons.ConcurrencyLimit(), cons.Overdue(); p != nil || l != 0 || o != 0 {
+		t.Errorf("after Run: Partitions %v, ConcurrencyLimit %d, Overdue %d; want nil, 0, 0", p, l, o)
+	}
+}

@@ -100,7 +100,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			next = e.finish(t, err, timedOut, backoff, at)
 		}
 		if next != nil {
-			if fast && steps < maxTake && next.Value.part.status == live && e.rate == nil {
+			if fast && steps < maxTake && !e.stop && next.Value.part.status == live && e.rate == nil {
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
