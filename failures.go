@@ -3,7 +3,6 @@ package kpar
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -62,9 +61,9 @@ func (c *cfg) localAttempts(it *item) int {
 // noteFailure: another local attempt while MaxAttempts allows (one per
 // retry-topic level), then the next retry topic, then the dead-letter sink;
 // a Permanent error skips both retries. Without a sink the record is
-// retried at the backoff cap, with one error logged: it is never skipped.
-// It is the failure policy of every consuming mode.
-func (c *cfg) nextStep(it *item, log *slog.Logger) failStep {
+// retried at the backoff cap (observe logs it once): it is never skipped.
+// It is the failure policy of every source.
+func (c *cfg) nextStep(it *item) failStep {
 	x := it.x
 	allowed := c.localAttempts(it)
 	switch {
@@ -75,12 +74,21 @@ func (c *cfg) nextStep(it *item, log *slog.Logger) failStep {
 	case c.deadLetters != nil:
 		return stepDeadLetter
 	}
-	if !x.warnedNoSink {
-		x.warnedNoSink = true
-		log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
-			"topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset, "class", x.class, "err", x.lastErr)
-	}
 	return stepRetryCapped
+}
+
+// nowhereToGo reports whether the failed attempt err of it, running now,
+// leaves the record nowhere durable to go (no retry topic left, no
+// dead-letter sink) for the first time, so that observe logs it once. It
+// reads it.x, which only the record's worker writes while it runs.
+func (c *cfg) nowhereToGo(it *item, err error) bool {
+	if c.deadLetters != nil || IsOverloaded(err) {
+		return false
+	}
+	if IsPermanent(err) {
+		return it.x == nil || it.x.class != deadletter.ClassPermanent
+	}
+	return it.attempts == c.localAttempts(it) && it.level() >= len(c.retryTopics)
 }
 
 // fail handles a failed attempt: retry locally after backoff, or, once the
@@ -99,7 +107,7 @@ func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, 
 		e.retryLater(t, backoff)
 		return
 	}
-	switch e.cfg.nextStep(it, e.log) {
+	switch e.cfg.nextStep(it) {
 	case stepRetry:
 		e.retryLater(t, backoff)
 	case stepRetryTopic, stepDeadLetter:

@@ -1,6 +1,7 @@
 package kpar
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -395,7 +396,9 @@ func (w *outageWatch) waitFailedWrite(t *testing.T, msg string) {
 // TestRetryTopicDelaysWithoutBlocking: a record that fails its local
 // attempts goes to <topic>.retry.1 and is handled from there no earlier
 // than its due time, while the records behind it in its partition are not
-// held back.
+// held back: those of its own key included, in every mode. A record in a
+// retry topic leaves its key's (and partition's) order, as Spring Kafka's
+// non-blocking retries do; the docs of RetryTopics and ByKey say so.
 func TestRetryTopicDelaysWithoutBlocking(t *testing.T) {
 	forEachMode(t, "", testRetryTopicDelaysWithoutBlocking)
 }
@@ -404,7 +407,12 @@ func testRetryTopicDelaysWithoutBlocking(t *testing.T, mode orderMode) {
 	const n, flaky = 50, 3
 	const delay = 700 * time.Millisecond
 	c := newCluster(t, "rt", 1)
-	produce(t, c, "rt", n, 5)
+	var flakyKey []byte
+	produce(t, c, "rt", n, 5, func(r *kgo.Record) {
+		if r.Offset == flaky {
+			flakyKey = r.Key
+		}
+	})
 
 	var (
 		mu        sync.Mutex
@@ -413,12 +421,16 @@ func testRetryTopicDelaysWithoutBlocking(t *testing.T, mode orderMode) {
 		calls     int
 		others    int
 		othersAt  time.Time
+		sameKeyAt time.Time // a later record of the flaky record's key finished
 	)
 	done := make(chan struct{})
 	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if r.Offset != flaky {
+			if r.Offset > flaky && bytes.Equal(r.Key, flakyKey) && sameKeyAt.IsZero() {
+				sameKeyAt = time.Now()
+			}
 			others++
 			if others == n-1 {
 				othersAt = time.Now()
@@ -457,6 +469,9 @@ func testRetryTopicDelaysWithoutBlocking(t *testing.T, mode orderMode) {
 	}
 	if calls != 3 {
 		t.Fatalf("flaky record called %d times, want 3", calls)
+	}
+	if sameKeyAt.IsZero() || !sameKeyAt.Before(retriedAt) {
+		t.Fatalf("no later record of the retried record's key finished before its retry (at %v, retried at %v): a retry topic must not hold its key", sameKeyAt, retriedAt)
 	}
 }
 

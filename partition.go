@@ -45,7 +45,6 @@ type extra struct {
 	lastFailure  time.Time
 	lastErr      error
 	class        deadletter.Class
-	warnedNoSink bool
 	// keyPaid: the record reserved its key's token (KeyRateLimit) and was
 	// set aside until it is due; take lets it through once.
 	keyPaid bool

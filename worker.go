@@ -376,6 +376,10 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	if !e.overloaded(err, attrs) {
 		e.log.Warn("kpar: handler failed", attrs...)
 	}
+	if e.cfg.nowhereToGo(it, err) {
+		e.log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
+			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "class", classify(err, false), "err", err)
+	}
 	for _, h := range e.hooks.failed {
 		h.OnAttemptFailed(r, it.totalAttempts(), err, backoff)
 	}
