@@ -21,7 +21,8 @@ const (
 	// ByKey handles records of one partition and one key in offset order,
 	// one at a time; records of other keys proceed in parallel. Records
 	// with a nil key carry no ordering and are handled as in Unordered.
-	// This is the default.
+	// A record retried locally holds its key; one sent to a retry topic
+	// does not (see RetryTopics). This is the default.
 	//
 	// While the handler is tiny (under 5µs a record), a partition's keyed
 	// records run one after another, as in ByPartition: parallelism within
@@ -435,6 +436,12 @@ func DeadLetters(s deadletter.Sink) FlowOpt {
 // with a due time delays[n-1] later, and consumed by the same Consumer no
 // earlier than that, without holding back its original partition. After the
 // last retry topic comes the dead-letter sink. Default: none.
+//
+// A record sent to a retry topic leaves its key's (and partition's) order,
+// as Spring Kafka's non-blocking retries do: the records after it go on,
+// and it is handled again after its delay, most likely after them. Local
+// retries (MaxAttempts) keep the order: a record retrying locally holds its
+// key. Use local retries alone where order must hold through failures.
 func RetryTopics(delays ...time.Duration) ConsumerOpt {
 	return consumerOpt(func(c *cfg) { c.retryTopics = append([]time.Duration(nil), delays...) })
 }
