@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -20,6 +21,9 @@ type groupSource struct {
 	// the settler's, a revoke's, the final one. Taken before engine.mu,
 	// never while holding it.
 	commitMu sync.Mutex
+	// joined is set once the group gave this member an assignment (empty
+	// or not) in this run.
+	joined atomic.Bool
 }
 
 func newGroupSource(e *engine) *groupSource {
@@ -63,10 +67,21 @@ func (g *groupSource) pause(ps *partState, paused bool) {
 
 func (g *groupSource) stopping() {}
 
-// close commits what finished and leaves the group, by deadline.
+// close commits what finished and leaves the group, by deadline. A member
+// that never joined (its JoinGroup still waits for the group's other
+// members, a dead one's session timeout say) has nothing to commit and
+// nothing to hand over: it waits for its leave no more than a second, not
+// the whole shutdown timeout.
 func (g *groupSource) close(ctx context.Context, deadline time.Time) {
 	e := g.e
-	leaveWithin(ctx, g.cl, deadline, e.log, "the group waits for the session timeout before moving its partitions", func(cctx context.Context) {
+	unleft := "the group waits for the session timeout before moving its partitions"
+	if !g.joined.Load() {
+		unleft = "this member was still joining the group; the group goes on without it once its join ends"
+		if soon := time.Now().Add(time.Second); soon.Before(deadline) {
+			deadline = soon
+		}
+	}
+	leaveWithin(ctx, g.cl, deadline, e.log, unleft, func(cctx context.Context) {
 		if err := g.commit(cctx, nil); err != nil {
 			e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", err)
 		}

@@ -16,6 +16,7 @@ import (
 // the finished sets read here are in place before the first record.
 func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	e := g.e
+	g.joined.Store(true)
 	committed, finished := g.readCommitted(ctx, cl, assigned)
 	e.mu.Lock()
 	for topic, ps := range assigned {
