@@ -55,8 +55,9 @@ type handlerCost struct {
 	// record, 0 until a worker measured it.
 	perRecord time.Duration
 	// pinned, when not 0, is the measure every worker reports instead of
-	// its own: for tests whose handler must count as tiny (or slow)
-	// whatever -race and a loaded machine make of it.
+	// its own, and the measure from the start: for tests whose handler
+	// must count as tiny (or slow) whatever -race and a loaded machine make
+	// of it, from the first record on.
 	pinned time.Duration
 	// wideOK: the configuration allows wide lanes (key or unordered mode,
 	// a per-record handler, no rate limit: a batch handler batches by lane
@@ -72,9 +73,10 @@ type handlerCost struct {
 func newHandlerCost(c *cfg, batch bool, rate *rates) handlerCost {
 	wide := (c.ordering == ByKey || c.ordering == Unordered) && !batch && rate == nil
 	return handlerCost{
-		pinned: c.pinnedCost,
-		wideOK: wide,
-		runOK:  !batch && rate == nil && !c.adaptive,
+		perRecord: c.pinnedCost,
+		pinned:    c.pinnedCost,
+		wideOK:    wide,
+		runOK:     !batch && rate == nil && !c.adaptive,
 	}
 }
 
