@@ -156,7 +156,16 @@ func (s *shareSource) deliver(ctx context.Context) error {
 	s.live.Store(true)
 	defer s.live.Store(false)
 	flog := &fetchErrorLog{log: s.log}
-	topics := topicWatch{cl: s.cl, log: s.log, regex: s.cfg.regex, hooks: s.e.hooks.topicUnavailable}
+	// A topic gone (deleted, or a development broker restarted in memory)
+	// may have taken the group's configs with it: a share group that lost
+	// share.auto.offset.reset=earliest would start the new topic at its
+	// newest record and skip what was produced meanwhile.
+	topics := topicWatch{cl: s.cl, log: s.log, regex: s.cfg.regex, hooks: s.e.hooks.topicUnavailable,
+		forget: func(string) {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			s.prepareGroup(pctx, s.cl)
+			cancel()
+		}}
 	for {
 		if !s.waitAcknowledged(ctx) {
 			return nil
