@@ -112,3 +112,48 @@ func produceLedger(ctx context.Context, t *testing.T, addr, topic string, from, 
 		l.Produced(r.Record)
 	}
 }
+
+// TestShareRecoversFromBrokerRestart SIGKILLs an in-memory `kpar broker`
+// while `kpar forward --share-group` runs, and starts a new one on the same
+// address: every record produced to the new broker's topic arrives, with no
+// restart of the forwarder. The new broker knows neither the topic's ID
+// nor the share group: the forwarder must subscribe to the topic afresh
+// (UNKNOWN_TOPIC_ID) and set share.auto.offset.reset=earliest on the group
+// again, or it reads from the newest record on and skips what was produced
+// meanwhile, as it used to, for good.
+func TestShareRecoversFromBrokerRestart(t *testing.T) {
+	t.Parallel()
+	skipOnRealCluster(t, "it kills and restarts the broker")
+	const perPhase, keys = 200, 20
+	bin := buildKpar(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	broker, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "2")
+	const topic = "share-restart"
+	l := ledger.New(ledger.Unordered, 0)
+	ep := newLedgerEndpoint(t, l, topic, func(int, int) (int, time.Duration) { return http.StatusOK, 0 })
+	produceLedger(ctx, t, addr, topic, 0, perPhase, keys, l)
+	p := startForward(ctx, t, bin, nil, "--brokers", addr, "--share-group", "sg", "--topic", topic, "--url", ep.srv.URL,
+		"--retry-backoff", "5ms", "--log-level", "warn")
+	waitReached(t, l, perPhase, time.Minute, "deliveries before the broker's kill")
+	if err := broker.signal(ctx, t, syscall.SIGKILL); err == nil {
+		t.Fatal("the broker exited cleanly after SIGKILL")
+	}
+	startBrokerProcess(ctx, t, bin, "--listen", addr, "--partitions", "2")
+	// The new topic's records take the old one's partitions and offsets: a
+	// ledger of their own.
+	l2 := ledger.New(ledger.Unordered, 0)
+	ep.mu.Lock()
+	ep.l = l2
+	ep.mu.Unlock()
+	produceLedger(ctx, t, addr, topic, perPhase, 2*perPhase, keys, l2)
+	waitReached(t, l2, perPhase, time.Minute, "the records produced after the restart")
+	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
+	}
+	for _, l := range []*ledger.Ledger{l, l2} {
+		if err := l.Report().Check(0); err != nil {
+			t.Error(err)
+		}
+	}
+}
