@@ -26,8 +26,11 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs := newFlagSet("backfill", ` --brokers LIST --topic T --from X --to Y --url URL
 
 POSTs every record of topic T from X (inclusive) to Y (exclusive) to URL,
-exactly as 'kpar forward' does (same request, same answers: 2xx done;
-408, 429, 5xx retried; other 4xx dead-lettered), without a consumer group:
+exactly as 'kpar forward' does, with the same request flags (--content-type,
+--header, --cloudevents, --batch, --url-ca) and the same answers
+(docs/http-contract.md: 2xx done; 429, 503, refused connections and
+timeouts wait for the endpoint without burning an attempt; other 5xx and
+408 retried; other 4xx dead-lettered), without a consumer group:
 each partition's range is cut into --readers slices, each read by its own
 client from its first offset to its end. X and Y are offsets (the same in
 every partition) or RFC 3339 times (the first record at or after the
@@ -42,6 +45,7 @@ exits 1.`, stderr)
 	from := fs.String("from", "", "first offset or RFC 3339 time `X` of the range, inclusive (required)")
 	to := fs.String("to", "", "end offset or RFC 3339 time `Y` of the range, exclusive (required)")
 	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
+	req := addRequestFlags(fs)
 	readers := fs.Int("readers", 1, "readers per partition, each with its own client and slice of the range")
 	concurrency := fs.Int("concurrency", 64, "requests in flight at once over all readers, and the size of the keep-alive connection pool")
 	progressFile := fs.String("progress", "", "keep the progress in `FILE` and resume from it (default none: a new run starts over)")
@@ -78,6 +82,9 @@ exits 1.`, stderr)
 	if code, ok := att.check(fs); !ok {
 		return code
 	}
+	if code, ok := req.check(fs); !ok {
+		return code
+	}
 	log, code, ok := fs.logger(*logLevel)
 	if !ok {
 		return code
@@ -88,7 +95,11 @@ exits 1.`, stderr)
 	if *dlqTopic == *topic {
 		return fs.usageError("invalid --dlq-topic %q: it is the topic being read", *dlqTopic)
 	}
-	h, secOpts, code, ok := fs.forwarder(*target, sec, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
+	fwdOpts, code, ok := req.opts(fs, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
+	if !ok {
+		return code
+	}
+	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
 	if !ok {
 		return code
 	}
@@ -129,6 +140,9 @@ exits 1.`, stderr)
 		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
 		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dlq_topic", *dlqTopic)
 
+	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
+		return code
+	}
 	if err := sec.checkBrokers(ctx, seeds, connectTimeout); err != nil {
 		if ctx.Err() != nil {
 			return fail("kpar backfill: stopped before starting", ctx.Err())

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -111,20 +110,12 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 
 	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
 	group := fs.String("group", "", "consumer group `G` (this or --share-group required)")
-	shareGroup := fs.String("share-group", "", "share group `G` to consume in instead of a consumer group (KIP-932, Kafka 4.2+): members share every partition; excludes --group, --instance-id, --retry-topics, --adaptive and --ordering partition")
-	var topics, topicRegex, headers listFlag
+	shareGroup := fs.String("share-group", "", "share group `G` to consume in instead of a consumer group (KIP-932, Kafka 4.2+): members share every partition; excludes --group, --instance-id, --retry-topics and --ordering partition")
+	var topics, topicRegex listFlag
 	fs.Var(&topics, "topic", "`TOPIC` to consume; repeat the flag or separate with commas for several (this or --topic-regex required)")
 	fs.Var(&topicRegex, "topic-regex", "consume every topic matching the regular expression `RE`, including later ones; repeatable (excludes --topic, --retry-topics)")
 	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
-	fs.Var(&headers, "header", "add the header `'Name: value'` to every request; repeatable (KPAR_HEADER: one per line)")
-	headerFile := fs.String("header-file", "", "add the headers in `FILE`, one 'Name: value' per line (# comments), to every request: for secrets")
-	urlCA := fs.String("url-ca", "", "verify an https --url against the PEM CA certificates in `FILE` instead of the system's")
-	contentType := fs.String("content-type", forward.DefaultContentType, "the Content-Type of requests whose record has no content-type header of its own (which wins), `TYPE`; application/json for JSON records")
-	cloudEvents := fs.Bool("cloudevents", false, "send each record as a CloudEvent in binary mode: ce-* headers, the value as the body (excludes --batch)")
-	ceSource := fs.String("ce-source", forward.DefaultCloudEventsSource, "with --cloudevents, the ce-source of records without a ce_source header, `URI`; {topic} stands for the record's topic")
-	ceType := fs.String("ce-type", forward.DefaultCloudEventsType, "with --cloudevents, the ce-type of records without a ce_type header")
-	batch := fs.Int("batch", 1, "send up to `N` records per request, as a JSON array (1: one record per request, the value as the body)")
-	batchWait := fs.Duration("batch-wait", 5*time.Millisecond, "with --batch, send a batch that is not full this long after its first record")
+	req := addRequestFlags(fs)
 	var ord kpar.Order
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
@@ -158,8 +149,6 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return fs.usageError("invalid --ordering partition with --share-group: a share group hands one partition to many members; use --ordering key (one request per key at a time in this process) or unordered, or --group")
 	case share && *instanceID != "":
 		return fs.usageError("invalid --instance-id with --share-group: share groups have no static membership")
-	case share && *adaptive:
-		return fs.usageError("invalid --adaptive with --share-group: not supported yet; set --concurrency")
 	case share && strings.TrimSpace(*retryTopics) != "":
 		return fs.usageError("invalid --retry-topics with --share-group: retries stay on the member that holds the record (--max-attempts, --backoff), then go to the dead letters")
 	}
@@ -179,18 +168,13 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if err != nil {
 		return fs.usageError("invalid --brokers: %v", err)
 	}
-	if *batch > 1 && !fs.given("concurrency") {
-		*concurrency = min(max(*concurrency, 8**batch), 1<<16)
+	if code, ok := req.check(fs); !ok {
+		return code
+	}
+	if *req.batch > 1 && !fs.given("concurrency") {
+		*concurrency = min(max(*concurrency, 8**req.batch), 1<<16)
 	}
 	switch {
-	case *batch < 1 || *batch > 1<<14:
-		return fs.usageError("invalid --batch %d: want 1 to 16384", *batch)
-	case *batch > 1 && *batchWait <= 0:
-		return fs.usageError("invalid --batch-wait %v: want more than 0", *batchWait)
-	case *batch > 1 && *cloudEvents:
-		return fs.usageError("invalid --batch with --cloudevents: a CloudEvent in binary mode is one record per request")
-	case !*cloudEvents && (fs.given("ce-source") || fs.given("ce-type")):
-		return fs.usageError("invalid --ce-source/--ce-type: they need --cloudevents")
 	case *concurrency < 1 || *concurrency > 1<<16:
 		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
 	case *sessionTimeout < time.Second:
@@ -229,26 +213,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if slices.Contains(topicList, sink.topic) {
 		return fs.usageError("invalid --dlq-topic %q: it is a topic being consumed", sink.topic)
 	}
-	extra, err := requestHeaders(headers.split("\n"), *headerFile)
-	if err != nil {
-		return fs.usageError("%v", err)
-	}
-	if code, ok := contentTypeFlag(fs, contentType, extra); !ok {
+	fwdOpts, code, ok := req.opts(fs, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
+	if !ok {
 		return code
-	}
-	fwdOpts := []forward.Opt{
-		forward.Concurrency(*concurrency), forward.Timeout(*att.timeout), forward.Header(extra),
-		forward.Batch(*batch, *batchWait), forward.ContentType(*contentType),
-	}
-	if *cloudEvents {
-		fwdOpts = append(fwdOpts, forward.CloudEvents(*ceSource, *ceType))
-	}
-	if *urlCA != "" {
-		pool, err := readCAs(*urlCA)
-		if err != nil {
-			return fs.usageError("invalid --url-ca: %v", err)
-		}
-		fwdOpts = append(fwdOpts, forward.TLSConfig(&tls.Config{RootCAs: pool}))
 	}
 	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
 	if !ok {
@@ -268,9 +235,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if sec.plainTextPassword() {
 		log.Warn("SASL PLAIN without TLS sends the password in clear text; add --tls or --tls-ca")
 	}
-	if *batch > 1 && *concurrency < 2**batch {
+	if *req.batch > 1 && *concurrency < 2**req.batch {
 		log.Warn("--concurrency is below 2 x --batch: batches cannot fill while one is in flight, and go out after --batch-wait",
-			"concurrency", *concurrency, "batch", *batch)
+			"concurrency", *concurrency, "batch", *req.batch)
 	}
 
 	dl, closeSink, err := sink.open(ctx, seeds, secOpts, log)
@@ -354,7 +321,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	attrs := []any{
 		"brokers", strings.Join(seeds, ","), groupKey, groupName,
-		"url", redactURL(*target), "content_type", *contentType, "ordering", ord.String(), "concurrency", *concurrency,
+		"url", redactURL(*target), "content_type", *req.contentType, "ordering", ord.String(), "concurrency", *concurrency,
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
@@ -363,14 +330,14 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	} else {
 		attrs = append(attrs, "topics", strings.Join(topicList, ","))
 	}
-	if *batch > 1 {
-		attrs = append(attrs, "batch", *batch, "batch_wait", *batchWait)
+	if *req.batch > 1 {
+		attrs = append(attrs, "batch", *req.batch, "batch_wait", *req.batchWait)
 	}
 	if *adaptive {
 		attrs = append(attrs, "adaptive", true)
 	}
-	if *cloudEvents {
-		attrs = append(attrs, "cloudevents", true, "ce_source", *ceSource, "ce_type", *ceType)
+	if *req.cloudEvents {
+		attrs = append(attrs, "cloudevents", true, "ce_source", *req.ceSource, "ce_type", *req.ceType)
 	}
 	if *rateLimit > 0 {
 		attrs = append(attrs, "rate_limit", *rateLimit, "rate_burst", defaultBurst(*rateLimit, *rateBurst))
@@ -381,9 +348,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if len(retryDelays) > 0 {
 		attrs = append(attrs, "retry_topics", *retryTopics)
 	}
-	if len(extra) > 0 {
+	if len(req.extra) > 0 {
 		// Names only: the values are often credentials.
-		attrs = append(attrs, "headers", strings.Join(slices.Sorted(maps.Keys(extra)), ","))
+		attrs = append(attrs, "headers", strings.Join(slices.Sorted(maps.Keys(req.extra)), ","))
 	}
 	if m := sec.saslMechanism(); m != "" {
 		attrs = append(attrs, "sasl", strings.ToLower(m), "sasl_user", sec.user)

@@ -20,7 +20,8 @@ import (
 
 // TestForwardSendsContentTypeAndCloudEvents runs two forwarders on one
 // topic: one given the content type as --header 'Content-Type: ...' (the
-// alias of --content-type), one with --cloudevents.
+// alias of --content-type), one with --cloudevents; then kpar backfill
+// with --content-type over the same records.
 func TestForwardSendsContentTypeAndCloudEvents(t *testing.T) {
 	t.Parallel()
 	bin, ctx := e2e(t, 2*time.Minute)
@@ -68,8 +69,22 @@ func TestForwardSendsContentTypeAndCloudEvents(t *testing.T) {
 			t.Errorf("exit code %d, want 0; stderr:\n%s", code, tail(p.stderr))
 		}
 	}
+	// kpar backfill takes the same request flags.
+	bf := startBackfill(ctx, t, bin, io.Discard, "--brokers", addr, "--topic", "events", "--from", "0", "--to", "3",
+		"--url", srv.URL+"/backfill", "--content-type", "application/json")
+	if code := bf.wait(ctx, t); code != 0 {
+		t.Fatalf("kpar backfill exited %d, want 0; stderr:\n%s", code, tail(bf.stderr))
+	}
+	if !ep.await(ctx, nil, func() bool { return len(ep.got) == 9 }) {
+		t.Fatalf("the endpoint got %d requests of 9", len(ep.got))
+	}
 	want := map[string][]map[string]string{ // path -> per offset: header -> value ("" absent)
 		"/plain": {
+			{"Content-Type": "application/json", "Ce-Id": ""},
+			{"Content-Type": "text/csv"},
+			{"Content-Type": "application/json", "Ce-Id": ""},
+		},
+		"/backfill": {
 			{"Content-Type": "application/json", "Ce-Id": ""},
 			{"Content-Type": "text/csv"},
 			{"Content-Type": "application/json", "Ce-Id": ""},

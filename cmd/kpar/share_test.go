@@ -212,7 +212,6 @@ func TestForwardShareGroupFlagsAreExclusive(t *testing.T) {
 		{[]string{"--ordering", "partition"}, "--ordering key"},
 		{[]string{"--instance-id", "i"}, "no static membership"},
 		{[]string{"--retry-topics", "1s"}, "--retry-topics with --share-group"},
-		{[]string{"--adaptive"}, "--adaptive with --share-group"},
 	} {
 		t.Run(strings.TrimPrefix(tc.extra[0], "--"), func(t *testing.T) {
 			p := startForward(ctx, t, bin, nil, append(slices.Clone(base), tc.extra...)...)
