@@ -102,7 +102,7 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 	for i := range todo {
 		p := &todo[i]
 		var n int
-		p.meta, n = offsetmeta.Encode(p.base, p.runs, p.limit)
+		p.meta, n = offsetmeta.Encode(e.cfg.ordering.metaMode(), p.base, p.runs, p.limit)
 		p.cut = n < len(p.runs)
 		for _, r := range p.runs[:n] {
 			p.covered += int(r.Len())

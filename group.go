@@ -24,6 +24,9 @@ type groupSource struct {
 	// joined is set once the group gave this member an assignment (empty
 	// or not) in this run.
 	joined atomic.Bool
+	// refusal ends the run of a member of another ordering mode than the
+	// group's (ordering.go).
+	refusal refusal
 }
 
 func newGroupSource(e *engine) *groupSource {
@@ -101,9 +104,12 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		// The client's buffered fetches are memory too: keep them within
 		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
 		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
+	}
+	if e.cfg.protocol == ClassicProtocol {
 		// Members that order differently must not share a group: see
-		// orderedBalancer.
-		kgo.Balancers(orderedBalancer{kgo.CooperativeStickyBalancer(), e.cfg.ordering}),
+		// orderedBalancer. (Both protocols also check the ordering in the
+		// commit metadata: ordering.go.)
+		defaults = append(defaults, kgo.Balancers(orderedBalancer{kgo.CooperativeStickyBalancer(), e.cfg.ordering}))
 	}
 	return e.cfg.groupClientOpts(defaults, e.consumedTopics(),
 		kgo.OnPartitionsAssigned(g.onAssigned),
@@ -133,6 +139,12 @@ func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.
 	if c.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(c.instanceID))
 	}
+	if c.protocol == ConsumerProtocol {
+		// franz-go speaks KIP-848 with its own sticky (or range) balancer
+		// only, and falls back to the classic protocol on a broker that
+		// does not speak it.
+		opts = append(opts, kgo.Balancers(kgo.CooperativeStickyBalancer()), kgo.ServerSideBalancer())
+	}
 	if c.regex {
 		opts = append(opts, kgo.ConsumeRegex())
 	}
@@ -143,15 +155,16 @@ func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.
 // an error when the client reports a fatal one.
 func (g *groupSource) deliver(ctx context.Context) error {
 	e := g.e
+	ctx = g.refusal.watch(ctx)
 	fetchLog := fetchErrorLog{log: e.log}
 	topics := topicWatch{cl: g.cl, log: e.log, regex: e.cfg.regex, hooks: e.hooks.topicUnavailable, forget: g.forgetTopic}
 	for {
 		if !e.waitForBytes(ctx) {
-			return nil
+			return g.refusal.error()
 		}
 		fs := g.cl.PollFetches(ctx)
 		if fs.IsClientClosed() || ctx.Err() != nil {
-			return nil
+			return g.refusal.error()
 		}
 		if err := fatalFetchError(fs, &fetchLog, ""); err != nil {
 			return err

@@ -46,6 +46,20 @@ const (
 
 var orderNames = [...]string{ByKey: "key", ByPartition: "partition", Unordered: "unordered"}
 
+// metaMode is the byte that names o in the commit metadata (offsetmeta).
+func (o Order) metaMode() byte { return orderNames[o][0] }
+
+// orderOfMeta is the Order a commit metadata's mode byte names, and false
+// for a byte no Order has.
+func orderOfMeta(mode byte) (Order, bool) {
+	for i, n := range orderNames {
+		if n[0] == mode {
+			return Order(i), true
+		}
+	}
+	return 0, false
+}
+
 // String returns "key", "partition" or "unordered".
 func (o Order) String() string {
 	if o >= 0 && int(o) < len(orderNames) {
@@ -162,7 +176,8 @@ type cfg struct {
 	brokers    []string
 	clientOpts []kgo.Opt
 	group      string
-	shareGroup string // ShareGroup (share.go): replaces group
+	protocol   Protocol // GroupProtocol (protocol.go)
+	shareGroup string   // ShareGroup (share.go): replaces group
 	topics     []string
 	regex      bool
 	// explicit has a bit set for each option given whose default a
@@ -468,6 +483,8 @@ func (c *cfg) validate() error {
 		return fmt.Errorf("kpar: no topics: set Topics(names...)")
 	case c.concurrency < 1 || c.concurrency > 1<<16:
 		return fmt.Errorf("kpar: Concurrency(%d) out of range: want 1 to 65536", c.concurrency)
+	case c.protocol < ClassicProtocol || c.protocol > ConsumerProtocol:
+		return fmt.Errorf("kpar: GroupProtocol(%d) unknown: want ClassicProtocol or ConsumerProtocol", int(c.protocol))
 	case c.ordering < ByKey || c.ordering > Unordered:
 		return fmt.Errorf("kpar: Ordering(%d) unknown: want ByKey, ByPartition or Unordered", int(c.ordering))
 	case c.batch && c.batchSize < 1:

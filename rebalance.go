@@ -17,7 +17,16 @@ import (
 func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	e := g.e
 	g.joined.Store(true)
-	committed, finished := g.readCommitted(ctx, cl, assigned)
+	committed, finished, resps := g.readCommitted(ctx, cl, assigned)
+	if len(assigned) > 0 && resps != nil {
+		if err := g.checkOrdering(ctx, cl, resps, assigned); err != nil {
+			// Nothing of the assignment is taken: its records are not
+			// handled, nor its offsets committed, by this member.
+			e.log.Error("kpar: refusing the assignment: another ordering mode", "err", err)
+			g.refusal.refuse(err)
+			return
+		}
+	}
 	e.mu.Lock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
@@ -180,10 +189,10 @@ func (e *engine) dropLocked(ps *partState) {
 // it cannot read or decode (a failed request, metadata of another client,
 // a future version) means nothing is skipped: those records are handled
 // again, never lost.
-func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (map[tp]int64, map[tp][]offsetmeta.Run) {
+func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) (map[tp]int64, map[tp][]offsetmeta.Run, kadm.OffsetResponses) {
 	e := g.e
 	if len(assigned) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -193,7 +202,7 @@ func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigne
 	}
 	if err != nil {
 		e.log.Warn("kpar: reading the finished offsets of the last commit failed; records finished above the committed offsets will be handled again", "err", err)
-		return nil, nil
+		return nil, nil, nil
 	}
 	at := make(map[tp]int64)
 	out := make(map[tp][]offsetmeta.Run)
@@ -207,7 +216,7 @@ func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigne
 			if r.Metadata == "" || e.cfg.commitMetadataBytes == 0 {
 				continue
 			}
-			runs, err := offsetmeta.Decode(r.Metadata, r.At)
+			_, runs, err := offsetmeta.Decode(r.Metadata, r.At)
 			if err != nil {
 				if !errors.Is(err, offsetmeta.ErrNotKpar) {
 					e.log.Warn("kpar: unreadable finished-offsets metadata; handling every record from the committed offset",
@@ -218,7 +227,7 @@ func (g *groupSource) readCommitted(ctx context.Context, cl *kgo.Client, assigne
 			out[tp{topic: topic, partition: p}] = runs
 		}
 	}
-	return at, out
+	return at, out, resps
 }
 
 // orderedBalancer is the cooperative-sticky balancer under a protocol name

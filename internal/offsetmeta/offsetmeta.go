@@ -5,12 +5,19 @@
 // above it that already finished would be handled again after a crash or a
 // rebalance. The metadata carries them, so the next owner skips them.
 //
-// Format, version 1: the text "kpar1:" followed by the unpadded URL-safe
+// The metadata also names the ordering mode of the member that committed
+// (version 2), so that a member of another mode can refuse the partition
+// before it handles a record: the group protocol of Kafka 4 (KIP-848)
+// carries no client metadata in which members could compare modes.
+//
+// Format, version 2: the text "kpar2:" followed by the unpadded URL-safe
 // base64 of a binary body, so that tools printing metadata as a string
 // (kafka-consumer-groups, kcat) show ASCII. The body is
 //
+//	byte    mode          the committer's ordering mode: any byte but 0
 //	uvarint base          the committed offset the set belongs to
-//	byte    encoding      'r' (runs) or 'b' (bitset)
+//	byte    encoding      'r' (runs), 'b' (bitset) or 'n' (none: no
+//	                      finished offset above base)
 //	runs:   uvarint count, then per run: uvarint gap, uvarint length
 //	        (the first run starts gap offsets after base+1, each next one
 //	        gap offsets after the end of the previous; length >= 1, and
@@ -18,12 +25,15 @@
 //	bitset: uvarint length in bytes, then the bits: bit i (LSB first) set
 //	        means offset base+1+i is finished; the last byte is non-zero
 //
+// Version 1 ("kpar1:") is the same body without the mode byte, and never
+// 'n': kpar before version 2 wrote it, and Decode still reads it (its mode
+// is unknown, 0).
+//
 // Encode picks the smaller encoding. A set that does not fit in the cap is
 // cut to the longest prefix of runs that fits: what is left out is simply
 // handled again, it never stalls a commit.
 //
-// Decoding is strict: anything that is not a well-formed version 1 body for
-// that base (another client's metadata, a truncated string, a future
+// Decoding is strict: anything that is not a well-formed body for that base (another client's metadata, a truncated string, a future
 // version, a different base, non-shortest varints, touching runs) is an
 // error, and the caller treats an error as "nothing is known to be
 // finished".
@@ -38,8 +48,11 @@ import (
 	"strings"
 )
 
-// Prefix starts every version 1 metadata string.
-const Prefix = "kpar1:"
+// Prefix starts every metadata string Encode writes (version 2).
+const Prefix = "kpar2:"
+
+// prefixV1 starts the version 1 strings of older kpar releases.
+const prefixV1 = "kpar1:"
 
 // MaxBytes is Kafka's default offset.metadata.max.bytes: brokers reject a
 // longer metadata string with OFFSET_METADATA_TOO_LARGE.
@@ -54,23 +67,28 @@ func (r Run) Len() int64 { return r.To - r.From }
 const (
 	encRuns   = 'r'
 	encBitset = 'b'
+	encNone   = 'n'
 )
 
 // maxRuns bounds what Decode accepts, so garbage cannot make it allocate
 // much: a 4 KiB string holds fewer runs than this.
 const maxRuns = MaxBytes
 
-// Encode returns the metadata for the finished runs above base, cut to fit
-// in limit bytes (at most MaxBytes is what brokers accept by default), and
-// how many runs it covers. runs must be sorted, non-empty, not touching,
-// and above base: From > base. With no runs, or a limit too small for one,
-// Encode returns "" and 0: a plain commit.
-func Encode(base int64, runs []Run, limit int) (meta string, covered int) {
+// Encode returns the metadata of a commit at base by a member of ordering
+// mode (not 0), with the finished runs above base, cut to fit in limit
+// bytes (at most MaxBytes is what brokers accept by default), and how many
+// runs it covers. runs must be sorted, not touching, and above base:
+// From > base. With no runs, the metadata names the mode alone. With a
+// limit too small for that, Encode returns "" and 0: a plain commit.
+func Encode(mode byte, base int64, runs []Run, limit int) (meta string, covered int) {
 	// The body may use 3/4 of what is left after the prefix (base64).
 	bodyMax := (limit - len(Prefix)) * 3 / 4
-	head := uvarintLen(uint64(base)) + 1
-	if len(runs) == 0 || bodyMax <= head {
+	head := 1 + uvarintLen(uint64(base)) + 1
+	if bodyMax < head {
 		return "", 0
+	}
+	if len(runs) == 0 {
+		return encodeNone(mode, base), 0
 	}
 
 	// The longest prefix of runs that fits, in each encoding.
@@ -111,9 +129,10 @@ func Encode(base int64, runs []Run, limit int) (meta string, covered int) {
 		n = nBits
 	}
 	if n == 0 {
-		return "", 0
+		return encodeNone(mode, base), 0
 	}
 	body := make([]byte, 0, max(sizeRuns, sizeBits))
+	body = append(body, mode)
 	body = binary.AppendUvarint(body, uint64(base))
 	if useBits {
 		body = append(body, encBitset)
@@ -129,6 +148,12 @@ func Encode(base int64, runs []Run, limit int) (meta string, covered int) {
 		}
 	}
 	return Prefix + base64.RawURLEncoding.EncodeToString(body), n
+}
+
+// encodeNone is the metadata of a commit with no finished offset above base.
+func encodeNone(mode byte, base int64) string {
+	body := append([]byte{mode}, binary.AppendUvarint(nil, uint64(base))...)
+	return Prefix + base64.RawURLEncoding.EncodeToString(append(body, encNone))
 }
 
 // bitsetLen is the bytes a bitset needs to reach the end of r.
@@ -166,36 +191,43 @@ func uvarintLen(v uint64) int {
 
 // ErrNotKpar is returned by Decode for metadata that kpar did not write
 // (empty, another client's, or a future version of this format).
-var ErrNotKpar = errors.New("offsetmeta: not kpar version 1 metadata")
+var ErrNotKpar = errors.New("offsetmeta: not kpar metadata")
 
-// Decode returns the finished runs that meta records above base, the
-// committed offset it was read with. Any error means nothing is known to be
-// finished: the caller handles every record from base on.
-func Decode(meta string, base int64) ([]Run, error) {
-	rest, ok := strings.CutPrefix(meta, Prefix)
-	if !ok {
-		return nil, ErrNotKpar
-	}
-	body, err := base64.RawURLEncoding.Strict().DecodeString(rest)
+// Decode returns the ordering mode that meta names (0 for version 1, which
+// names none) and the finished runs it records above base, the committed
+// offset it was read with. With an error, nothing is known to be finished:
+// the caller handles every record from base on; the mode may still be known
+// (Mode reads it alone).
+func Decode(meta string, base int64) (mode byte, runs []Run, err error) {
+	body, v2, err := payload(meta)
 	if err != nil {
-		return nil, fmt.Errorf("offsetmeta: bad base64: %w", err)
+		return 0, nil, err
 	}
 	if base < 0 {
-		return nil, fmt.Errorf("offsetmeta: negative base %d", base)
+		return 0, nil, fmt.Errorf("offsetmeta: negative base %d", base)
 	}
 	r := reader{b: body}
+	if v2 {
+		if mode = r.byte(); r.err == nil && mode == 0 {
+			r.fail("mode 0")
+		}
+	}
 	got := r.uvarint()
 	if r.err == nil && got != uint64(base) {
-		return nil, fmt.Errorf("offsetmeta: written for offset %d, read with committed offset %d", got, base)
+		return mode, nil, fmt.Errorf("offsetmeta: written for offset %d, read with committed offset %d", got, base)
 	}
 	enc := r.byte()
-	var runs []Run
 	switch {
 	case r.err != nil:
 	case enc == encRuns:
 		runs = r.runs(base)
 	case enc == encBitset:
 		runs = r.bitset(base)
+	case enc == encNone && v2:
+		if len(r.b) > 0 {
+			r.fail("%d trailing bytes", len(r.b))
+		}
+		return mode, nil, r.err
 	default:
 		r.fail("unknown encoding %q", enc)
 	}
@@ -206,9 +238,35 @@ func Decode(meta string, base int64) ([]Run, error) {
 		r.fail("no runs")
 	}
 	if r.err != nil {
-		return nil, r.err
+		return 0, nil, r.err
 	}
-	return runs, nil
+	return mode, runs, nil
+}
+
+// Mode returns the ordering mode that meta names, and false when it names
+// none (another client's metadata, version 1, a damaged string).
+func Mode(meta string) (byte, bool) {
+	body, v2, err := payload(meta)
+	if err != nil || !v2 || len(body) == 0 || body[0] == 0 {
+		return 0, false
+	}
+	return body[0], true
+}
+
+// payload returns the binary body of meta and whether it is version 2.
+func payload(meta string) ([]byte, bool, error) {
+	rest, v2 := strings.CutPrefix(meta, Prefix)
+	if !v2 {
+		var ok bool
+		if rest, ok = strings.CutPrefix(meta, prefixV1); !ok {
+			return nil, false, ErrNotKpar
+		}
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(rest)
+	if err != nil {
+		return nil, false, fmt.Errorf("offsetmeta: bad base64: %w", err)
+	}
+	return b, v2, nil
 }
 
 type reader struct {

@@ -1,0 +1,57 @@
+package kpar
+
+import "fmt"
+
+// Protocol is a consumer group's rebalance protocol, Kafka's
+// group.protocol. Its text form (String, MarshalText, UnmarshalText) is
+// Kafka's name, "classic" or "consumer", so a flag.TextVar can set it.
+type Protocol int
+
+const (
+	// ClassicProtocol is the group protocol of every Kafka: members join
+	// (JoinGroup, SyncGroup) and balance partitions among themselves,
+	// cooperative-sticky here. A rebalance waits for every member to
+	// rejoin, a dead one until its session times out.
+	ClassicProtocol Protocol = iota
+	// ConsumerProtocol is the next-generation protocol of KIP-848 (Kafka
+	// 4.0+): the broker assigns partitions, and members reconcile one by
+	// one through their heartbeats, with no group-wide barrier. On a broker
+	// without it, franz-go uses the classic protocol instead.
+	ConsumerProtocol
+)
+
+var protocolNames = [...]string{ClassicProtocol: "classic", ConsumerProtocol: "consumer"}
+
+// String returns "classic" or "consumer".
+func (p Protocol) String() string {
+	if p >= 0 && int(p) < len(protocolNames) {
+		return protocolNames[p]
+	}
+	return fmt.Sprintf("Protocol(%d)", int(p))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (p Protocol) MarshalText() ([]byte, error) {
+	if p < 0 || int(p) >= len(protocolNames) {
+		return nil, fmt.Errorf("kpar: unknown %v", p)
+	}
+	return []byte(protocolNames[p]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler: it accepts "classic"
+// or "consumer".
+func (p *Protocol) UnmarshalText(b []byte) error {
+	for i, n := range protocolNames {
+		if string(b) == n {
+			*p = Protocol(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("kpar: unknown group protocol %q: use classic or consumer", b)
+}
+
+// GroupProtocol sets the consumer group's rebalance protocol, overriding
+// the default ClassicProtocol. Every member of a group should use the
+// same; a kpar group refuses members of another ordering mode in either
+// protocol (ErrOrderingMismatch).
+func GroupProtocol(p Protocol) GroupOpt { return groupOpt(func(c *cfg) { c.protocol = p }) }
