@@ -129,6 +129,8 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	rateBurst := fs.Int("rate-burst", 0, "with --rate-limit, how many requests may start at once after a quiet spell (`B`; default a tenth of a second's worth, N/10, at least 1)")
 	keyRateBurst := fs.Int("key-rate-burst", 0, "with --key-rate-limit, the burst of each key (`B`; default N/10, at least 1)")
 	commitInterval := fs.Duration("commit-interval", 2*time.Millisecond, "least time between two commits: a crash repeats the requests in flight plus what finished within one interval; each member commits at most 1/interval times a second, never while idle")
+	var protocol kpar.Protocol
+	fs.TextVar(&protocol, "group-protocol", kpar.ClassicProtocol, "the consumer group's protocol, `P`: classic (JoinGroup/SyncGroup, every Kafka) or consumer (KIP-848, Kafka 4.0+: the broker assigns, no group-wide rebalance barrier; falls back to classic on older brokers)")
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
 	rebalanceTimeout := fs.Duration("rebalance-timeout", time.Minute, "how long a rebalance waits for the members to rejoin: a member that dies mid-rebalance holds the group (and its commits) this long; more than the 10s a revoke may wait for running records")
@@ -147,6 +149,8 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return fs.usageError("invalid --share-group: give either --group or --share-group, not both")
 	case share && ord == kpar.ByPartition:
 		return fs.usageError("invalid --ordering partition with --share-group: a share group hands one partition to many members; use --ordering key (one request per key at a time in this process) or unordered, or --group")
+	case share && fs.given("group-protocol"):
+		return fs.usageError("invalid --group-protocol with --share-group: a share group has a protocol of its own")
 	case share && *instanceID != "":
 		return fs.usageError("invalid --instance-id with --share-group: share groups have no static membership")
 	case share && strings.TrimSpace(*retryTopics) != "":
@@ -258,7 +262,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		subscribed = regexList
 		handler = skipDeadLetters(h, sink, log)
 	}
-	membership := []kpar.ConsumerOpt{kpar.Group(*group), kpar.InstanceID(*instanceID)}
+	membership := []kpar.ConsumerOpt{kpar.Group(*group), kpar.InstanceID(*instanceID), kpar.GroupProtocol(protocol)}
 	if share {
 		membership = []kpar.ConsumerOpt{kpar.ShareGroup(*shareGroup)}
 	}
@@ -324,6 +328,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		"url", redactURL(*target), "content_type", *req.contentType, "ordering", ord.String(), "concurrency", *concurrency,
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
+	}
+	if !share {
+		attrs = append(attrs, "group_protocol", protocol.String())
 	}
 	if len(regexList) > 0 {
 		attrs = append(attrs, "topic_regex", strings.Join(regexList, ","))
