@@ -116,14 +116,19 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 	// kgo builds the request (member, generation, topic IDs and the
 	// version they need); the metadata is ours. Without this hook kgo
 	// writes its member ID there.
+	var reqBytes, reqParts int
 	withMeta := kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
 		for i := range req.Topics {
 			t := &req.Topics[i]
+			reqParts += len(t.Partitions)
 			for j := range t.Partitions {
 				if p := byTP[tp{topic: t.Topic, partition: t.Partitions[j].Partition}]; p != nil {
 					t.Partitions[j].Metadata = &p.meta
 				}
 			}
+		}
+		if len(e.hooks.commitReq) > 0 {
+			reqBytes = len(req.AppendTo(nil))
 		}
 		return nil
 	})
@@ -190,6 +195,9 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 	}
 	for _, h := range e.hooks.commit {
 		h.OnCommit(asked, commitErr)
+	}
+	for _, h := range e.hooks.commitReq {
+		h.OnCommitRequest(reqParts, reqBytes, commitErr)
 	}
 	var retry []*partState
 	for _, p := range tooLarge {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	invariant "github.com/kpar/kpar/internal/ledger"
+	"github.com/kpar/kpar/internal/offsetmeta"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -232,5 +233,46 @@ func TestSlowRecordDoesNotHoldBackOthers(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// commitRequests counts what HookCommitRequest reports.
+type commitRequests struct {
+	mu                      sync.Mutex
+	requests, parts, nbytes int
+}
+
+func (c *commitRequests) OnCommitRequest(partitions, bytes int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		c.requests++
+		c.parts += partitions
+		c.nbytes += bytes
+	}
+}
+
+// TestCommitRequestHookMeasuresCommits: every OffsetCommit a member sends
+// is reported with its partitions and its encoded size, the finished-set
+// metadata included.
+func TestCommitRequestHookMeasuresCommits(t *testing.T) {
+	c := newCluster(t, "creq", 4)
+	l := invariant.New(invariant.ByKey, 400)
+	produce(t, c, "creq", 400, 40, l.Produced)
+	reqs := &commitRequests{}
+	cons, err := New(HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.Handled(r); return nil }),
+		append(testOpts(c, "g", "creq"), WithHooks(reqs))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, l.AllHandled(), 30*time.Second, "every record")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	reqs.mu.Lock()
+	defer reqs.mu.Unlock()
+	if reqs.requests == 0 || reqs.parts < reqs.requests || reqs.nbytes < reqs.parts*len(offsetmeta.Prefix) {
+		t.Fatalf("%d commit requests, %d partitions, %d bytes: want requests, each with a partition and its metadata", reqs.requests, reqs.parts, reqs.nbytes)
 	}
 }

@@ -42,6 +42,16 @@ type HookCommit interface {
 	OnCommit(offsets map[string]map[int32]int64, err error)
 }
 
+// HookCommitRequest is called after each OffsetCommit request a consumer
+// group member sent (commits, retries of a commit with a smaller metadata,
+// revokes, the final commit), with the partitions it carried, its encoded
+// size in bytes (the finished-offsets metadata included) and its error: what
+// commits cost the group's coordinator, which every member of a group
+// writes to.
+type HookCommitRequest interface {
+	OnCommitRequest(partitions, bytes int, err error)
+}
+
 // HookPartitionPaused is called when a partition's fetching was paused:
 // its window is full and two of its fetches' worth of records (at least
 // WindowRecords, at most eight times that) wait outside it, or
@@ -103,7 +113,7 @@ type HookTopicUnavailable interface {
 
 func isHook(h Hook) bool {
 	switch h.(type) {
-	case HookRecordDispatched, HookRecordDone, HookAttemptFailed, HookCommit,
+	case HookRecordDispatched, HookRecordDone, HookAttemptFailed, HookCommit, HookCommitRequest,
 		HookPartitionPaused, HookPartitionResumed, HookPartitionsAssigned, HookPartitionsRevoked,
 		HookRecordStuck, HookDeadLettered, HookDeadLetterFailed, HookTopicUnavailable:
 		return true
@@ -118,6 +128,7 @@ type hooks struct {
 	done       []HookRecordDone
 	failed     []HookAttemptFailed
 	commit     []HookCommit
+	commitReq  []HookCommitRequest
 	paused     []HookPartitionPaused
 	resumed    []HookPartitionResumed
 	assigned   []HookPartitionsAssigned
@@ -143,6 +154,9 @@ func newHooks(hs []Hook) hooks {
 		}
 		if v, ok := x.(HookCommit); ok {
 			h.commit = append(h.commit, v)
+		}
+		if v, ok := x.(HookCommitRequest); ok {
+			h.commitReq = append(h.commitReq, v)
 		}
 		if v, ok := x.(HookPartitionPaused); ok {
 			h.paused = append(h.paused, v)
