@@ -83,5 +83,11 @@ func startFake(t testing.TB, topic string, partitions int32) *kfake.Cluster {
 		kfake.SeedTopics(partitions, topic),
 		kfake.AllowAutoTopicCreation(),
 		kfake.GroupMinSessionTimeout(100*time.Millisecond),
+		// The consumer protocol's session timeout is the broker's: as
+		// short as the classic members' of testOpts.
+		kfake.BrokerConfigs(map[string]string{
+			"group.consumer.session.timeout.ms":    "2000",
+			"group.consumer.heartbeat.interval.ms": "100",
+		}),
 	)
 }

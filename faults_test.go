@@ -33,27 +33,52 @@ type brokerFault struct {
 	// lost, not revoked), so what finished after the last commit that
 	// landed is handled again.
 	redelivers bool
+	// protocol is the group protocol the case runs in; the consumer
+	// protocol's cases run in key mode only.
+	protocol Protocol
 }
 
 func brokerFaults() []brokerFault {
 	groupKeys := []kmsg.Key{kmsg.OffsetCommit, kmsg.OffsetFetch, kmsg.Heartbeat, kmsg.JoinGroup, kmsg.SyncGroup}
-	return []brokerFault{
+	faults := []brokerFault{
 		{"OffsetCommit failing", func(_, group string) []kfake.Fault {
 			return []kfake.Fault{{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.UnknownServerError, Count: -1}}
-		}, 4, true, false},
+		}, 4, true, false, ClassicProtocol},
 		{"fetch errors", func(topic, _ string) []kfake.Fault {
 			return []kfake.Fault{
 				{Keys: []kmsg.Key{kmsg.Fetch}, Topic: topic, Err: kerr.NotLeaderForPartition, Count: 4},
 				{Keys: []kmsg.Key{kmsg.Fetch}, Topic: topic, Err: kerr.UnknownServerError, Count: -1},
 			}
-		}, 12, false, false},
+		}, 12, false, false, ClassicProtocol},
 		{"NOT_COORDINATOR", func(_, group string) []kfake.Fault {
 			return []kfake.Fault{{Keys: groupKeys, Group: group, Err: kerr.NotCoordinator, Count: -1}}
-		}, 8, false, true},
+		}, 8, false, true, ClassicProtocol},
 		{"dead-letter produce failing", func(topic, _ string) []kfake.Fault {
 			return []kfake.Fault{{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic + ".dlq", Err: kerr.NotLeaderForPartition, Count: -1}}
-		}, 4, true, false},
+		}, 4, true, false, ClassicProtocol},
 	}
+	// The errors of the consumer protocol (KIP-848) on commits and on the
+	// committed-offset fetch at assignment. Read as "no committed offset",
+	// such an error would reset a partition to where ConsumeResetOffset
+	// points, losing or repeating records (platformatic/kafka #267):
+	// the ledger checks neither happens.
+	for _, err := range []*kerr.Error{kerr.StaleMemberEpoch, kerr.FencedMemberEpoch, kerr.UnknownMemberID} {
+		faults = append(faults,
+			brokerFault{"consumer protocol/OffsetCommit " + err.Message, func(_, group string) []kfake.Fault {
+				return []kfake.Fault{{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: err, Count: -1}}
+			}, 4, true, true, ConsumerProtocol},
+			// A heartbeat fenced makes the member rejoin and fetch its
+			// partitions' committed offsets again, which then fail a
+			// while.
+			brokerFault{"consumer protocol/OffsetFetch " + err.Message, func(_, group string) []kfake.Fault {
+				return []kfake.Fault{
+					{Keys: []kmsg.Key{kmsg.ConsumerGroupHeartbeat}, Group: group, Err: kerr.FencedMemberEpoch},
+					{Keys: []kmsg.Key{kmsg.OffsetFetch}, Group: group, Err: err, Count: -1},
+				}
+			}, 3, false, true, ConsumerProtocol},
+		)
+	}
+	return faults
 }
 
 // TestBrokerFaults injects each broker fault (kfake Faults) into a running
@@ -75,6 +100,9 @@ func TestBrokerFaults(t *testing.T) {
 	for _, f := range brokerFaults() {
 		for _, mode := range orderModes() {
 			for _, runs := range []bool{false, true} {
+				if f.protocol == ConsumerProtocol && (mode.order != ByKey || runs) {
+					continue
+				}
 				name := f.name + "/" + mode.order.String()
 				if runs {
 					name += "/runs"
@@ -133,7 +161,7 @@ func testBrokerFault(t *testing.T, f brokerFault, mode orderMode, runs bool) {
 	// A window holding every record of a partition: while the DLQ is
 	// down its poison records hold the window starts, and the progress
 	// checked below needs room behind them.
-	cons, err := New(h, append(testOpts(c, group, topic), Ordering(mode.order), Concurrency(16), MaxAttempts(2), WindowRecords(n),
+	cons, err := New(h, append(testOpts(c, group, topic), GroupProtocol(f.protocol), Ordering(mode.order), Concurrency(16), MaxAttempts(2), WindowRecords(n),
 		DeadLetters(deadletter.NewKafkaSink(sinkClient)), WithHooks(watch),
 		ClientOptions(kgo.MetadataMinAge(50*time.Millisecond)))...) // fetch errors refresh the metadata
 	if err != nil {
