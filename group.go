@@ -2,11 +2,13 @@ package kpar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -27,6 +29,9 @@ type groupSource struct {
 	// refusal ends the run of a member of another ordering mode than the
 	// group's (ordering.go).
 	refusal refusal
+	// joins ends the run of a member that keeps failing to join (the
+	// poller's).
+	joins joinFailures
 }
 
 func newGroupSource(e *engine) *groupSource {
@@ -169,9 +174,57 @@ func (g *groupSource) deliver(ctx context.Context) error {
 		if err := fatalFetchError(fs, &fetchLog, ""); err != nil {
 			return err
 		}
+		if err := g.joins.observe(fs, e.cfg); err != nil {
+			return err
+		}
 		topics.observe(fs, time.Now())
 		g.admit(fs)
 	}
+}
+
+// joinFailures counts the consecutive polls whose only news is that the
+// member failed to join its group with an error that means the group runs
+// the other protocol: a member of the consumer protocol gets
+// GROUP_ID_NOT_FOUND from a broker that does not migrate a classic group to
+// it (KIP-848's online migration), a classic one UNKNOWN_MEMBER_ID from one
+// that does not take classic members into a consumer group. Left alone the
+// member retries forever, handling nothing. It belongs to the poller.
+type joinFailures struct {
+	n   int
+	err error
+}
+
+// joinFailuresFatal is how many polls in a row, each after franz-go's
+// growing backoff between joins (about 5s in all), end the member.
+const joinFailuresFatal = 6
+
+// observe notes a poll, and returns an error once the member has failed
+// to join joinFailuresFatal times in a row.
+func (j *joinFailures) observe(fs kgo.Fetches, c *cfg) error {
+	failed, records := false, false
+	fs.EachError(func(topic string, _ int32, err error) {
+		if topic != "" {
+			return
+		}
+		if (c.protocol == ConsumerProtocol && errors.Is(err, kerr.GroupIDNotFound)) ||
+			(c.protocol == ClassicProtocol && errors.Is(err, kerr.UnknownMemberID)) {
+			failed, j.err = true, err
+		}
+	})
+	fs.EachPartition(func(p kgo.FetchTopicPartition) { records = records || len(p.Records) > 0 })
+	if records || !failed {
+		j.n = 0
+		return nil
+	}
+	if j.n++; j.n < joinFailuresFatal {
+		return nil
+	}
+	other := ClassicProtocol
+	if c.protocol == ClassicProtocol {
+		other = ConsumerProtocol
+	}
+	return fmt.Errorf("kpar: member of group %q cannot join it with the %s protocol (%v, %d times in a row): its members most likely use the %s protocol, and the broker does not mix them; use one GroupProtocol (kpar forward --group-protocol) for every member of a group",
+		c.group, c.protocol, j.err, j.n, other)
 }
 
 // admit hands polled records to the pipeline, a partition at a time. The

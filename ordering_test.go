@@ -95,3 +95,43 @@ func TestOrderingIsCheckedInBothProtocols(t *testing.T) {
 		})
 	}
 }
+
+// TestMixedGroupProtocolsAreRefusedClearly: a member that joins a group
+// whose members run the other group protocol, on a broker that does not
+// migrate groups between them (kfake), ends with an error that says so,
+// instead of retrying its join forever; the group goes on without it.
+func TestMixedGroupProtocolsAreRefusedClearly(t *testing.T) {
+	for _, first := range []Protocol{ClassicProtocol, ConsumerProtocol} {
+		second := ConsumerProtocol
+		if first == ConsumerProtocol {
+			second = ClassicProtocol
+		}
+		t.Run(first.String()+" then "+second.String(), func(t *testing.T) {
+			t.Parallel()
+			c := newFakeCluster(t, notPorted, "mixproto", 2)
+			produce(t, c, "mixproto", 20, 5)
+			seen := &commitSeen{ch: make(chan struct{})}
+			cons, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+				append(testOpts(c, "mixproto", "mixproto"), GroupProtocol(first), WithHooks(seen))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, cons)
+			waitFor(t, seen.ch, 20*time.Second, "the first member's commit")
+			joiner, err := New(HandlerFunc(func(context.Context, *kgo.Record) error { return nil }),
+				append(testOpts(c, "mixproto", "mixproto"), GroupProtocol(second))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+			defer cancel()
+			err = joiner.Run(ctx)
+			if err == nil || !strings.Contains(err.Error(), "cannot join it with the "+second.String()+" protocol") {
+				t.Fatalf("the %s joiner's Run returned %v; want an error saying it cannot join with its protocol", second, err)
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
