@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // ErrAttemptTimeout is the cause (context.Cause) of a handler's context
@@ -50,6 +52,7 @@ type attemptCtx struct {
 	deadline        time.Time
 	task            *task // the attempt's (first) record, for reports
 	attempt         int   // task's attempt number, for reports
+	emit            bool  // handlers may Emit outputs (outputs.go)
 
 	mu   sync.Mutex
 	done chan struct{}
@@ -59,6 +62,7 @@ type attemptCtx struct {
 	canceled atomic.Bool
 	afters   []*afterFunc  // registered by AfterFunc and not stopped; run by cancel
 	first    [1]*afterFunc // afters' first backing array: most handlers derive one context
+	outputs  []*kgo.Record // emitted and not taken yet (outputs.go)
 }
 
 // afterFunc is one function registered with attemptCtx.AfterFunc.
@@ -83,6 +87,9 @@ func (c *attemptCtx) Done() <-chan struct{} {
 // derived from this one) finds one whose cause says why: ErrAttemptTimeout
 // or ErrShutdownTimeout.
 func (c *attemptCtx) Value(key any) any {
+	if key == (attemptKey{}) {
+		return c // Emit finds it under the handler's own contexts
+	}
 	if c.canceled.Load() {
 		cause := shutdownCause
 		if c.timedOut() {

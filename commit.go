@@ -43,6 +43,12 @@ type commitPart struct {
 func (g *groupSource) commit(ctx context.Context, only []*partState) error {
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
+	if g.e.out != nil && g.e.out.eos {
+		// Every partition at once: the transaction's outputs are those of
+		// every partition's finished records, so its commit must cover
+		// them all.
+		return g.commitTxn(ctx, nil)
+	}
 	retry, err := g.commitOnce(ctx, only)
 	// Partitions whose metadata the broker refused as too large go again at
 	// once with a smaller budget (halved each time, then plain).
@@ -62,9 +68,28 @@ func (g *groupSource) commit(ctx context.Context, only []*partState) error {
 // commitOnce is one OffsetCommit; it returns the partitions to commit
 // again with less metadata. Called with g.commitMu held.
 func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*partState, error) {
+	todo := g.snapshot(only)
+	if len(todo) == 0 {
+		return nil, nil
+	}
+	return g.commitParts(ctx, todo)
+}
+
+// snapshot takes what a commit of the given partitions (all live and
+// revoking ones when only is nil) carries: each one's window start and
+// the finished offsets above it, where either changed since the last
+// commit. Called with g.commitMu held.
+func (g *groupSource) snapshot(only []*partState) []commitPart {
+	e := g.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return g.snapshotLocked(only)
+}
+
+// snapshotLocked is snapshot, called with mu held too.
+func (g *groupSource) snapshotLocked(only []*partState) []commitPart {
 	e := g.e
 	var todo []commitPart
-	e.mu.Lock()
 	e.takeAsked()
 	add := func(ps *partState) {
 		if ps.status == dropped {
@@ -91,18 +116,18 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 			add(ps)
 		}
 	}
-	e.mu.Unlock()
-	if len(todo) == 0 {
-		return nil, nil
-	}
+	return todo
+}
 
-	// Encoding runs outside the lock.
+// encode encodes each part's metadata (outside the lock) and returns the
+// offsets to commit, and the parts by partition.
+func (g *groupSource) encode(todo []commitPart) (map[string]map[int32]kgo.EpochOffset, map[tp]*commitPart) {
 	offsets := make(map[string]map[int32]kgo.EpochOffset)
 	byTP := make(map[tp]*commitPart, len(todo))
 	for i := range todo {
 		p := &todo[i]
 		var n int
-		p.meta, n = offsetmeta.Encode(e.cfg.ordering.metaMode(), p.base, p.runs, p.limit)
+		p.meta, n = offsetmeta.Encode(g.e.cfg.ordering.metaMode(), p.base, p.runs, p.limit)
 		p.cut = n < len(p.runs)
 		for _, r := range p.runs[:n] {
 			p.covered += int(r.Len())
@@ -113,6 +138,14 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 		offsets[p.ps.topic][p.ps.partition] = kgo.EpochOffset{Epoch: -1, Offset: p.offset}
 		byTP[p.ps.tp] = p
 	}
+	return offsets, byTP
+}
+
+// commitParts commits todo with one OffsetCommit. Called with g.commitMu
+// held.
+func (g *groupSource) commitParts(ctx context.Context, todo []commitPart) ([]*partState, error) {
+	e := g.e
+	offsets, byTP := g.encode(todo)
 	// kgo builds the request (member, generation, topic IDs and the
 	// version they need); the metadata is ours. Without this hook kgo
 	// writes its member ID there.
@@ -133,17 +166,9 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 		return nil
 	})
 
-	var (
-		commitErr error
-		tooLarge  []*commitPart
-	)
-	asked := make(map[string]map[int32]int64)
-	for _, p := range todo {
-		if asked[p.ps.topic] == nil {
-			asked[p.ps.topic] = make(map[int32]int64)
-		}
-		asked[p.ps.topic][p.ps.partition] = p.offset
-	}
+	asked := askedOffsets(todo)
+	var commitErr error
+	var tooLarge []*commitPart
 	g.cl.CommitOffsetsSync(withMeta, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
 			commitErr = err
@@ -152,21 +177,58 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 		}
 		for _, t := range resp.Topics {
 			for _, rp := range t.Partitions {
-				err := kerr.ErrorForCode(rp.ErrorCode)
-				if err == nil {
-					continue
-				}
-				delete(asked[t.Topic], rp.Partition)
-				if errors.Is(err, kerr.OffsetMetadataTooLarge) {
-					if p := byTP[tp{topic: t.Topic, partition: rp.Partition}]; p != nil {
-						tooLarge = append(tooLarge, p)
-					}
-				}
-				commitErr = errors.Join(commitErr, fmt.Errorf("%s/%d: %w", t.Topic, rp.Partition, err))
+				tooLarge, commitErr = partitionCommitted(t.Topic, rp.Partition, rp.ErrorCode, asked, byTP, tooLarge, commitErr)
 			}
 		}
 	})
+	g.committed(todo, asked, tooLarge)
+	for _, h := range e.hooks.commit {
+		h.OnCommit(asked, commitErr)
+	}
+	for _, h := range e.hooks.commitReq {
+		h.OnCommitRequest(reqParts, reqBytes, commitErr)
+	}
+	var retry []*partState
+	for _, p := range tooLarge {
+		retry = append(retry, p.ps)
+	}
+	return retry, commitErr
+}
 
+// askedOffsets is what todo asks to commit: topic -> partition -> offset.
+func askedOffsets(todo []commitPart) map[string]map[int32]int64 {
+	asked := make(map[string]map[int32]int64)
+	for _, p := range todo {
+		if asked[p.ps.topic] == nil {
+			asked[p.ps.topic] = make(map[int32]int64)
+		}
+		asked[p.ps.topic][p.ps.partition] = p.offset
+	}
+	return asked
+}
+
+// partitionCommitted notes one partition's answer to a commit: a failed
+// one leaves asked, and one refused for its metadata's size joins
+// tooLarge.
+func partitionCommitted(topic string, partition int32, code int16, asked map[string]map[int32]int64, byTP map[tp]*commitPart,
+	tooLarge []*commitPart, commitErr error) ([]*commitPart, error) {
+	err := kerr.ErrorForCode(code)
+	if err == nil {
+		return tooLarge, commitErr
+	}
+	delete(asked[topic], partition)
+	if errors.Is(err, kerr.OffsetMetadataTooLarge) {
+		if p := byTP[tp{topic: topic, partition: partition}]; p != nil {
+			tooLarge = append(tooLarge, p)
+		}
+	}
+	return tooLarge, errors.Join(commitErr, fmt.Errorf("%s/%d: %w", topic, partition, err))
+}
+
+// committed records, after a commit, the offsets that landed (asked) and
+// halves the metadata budget of the partitions refused as too large.
+func (g *groupSource) committed(todo []commitPart, asked map[string]map[int32]int64, tooLarge []*commitPart) {
+	e := g.e
 	e.mu.Lock()
 	for i := range todo {
 		p := &todo[i]
@@ -193,17 +255,6 @@ func (g *groupSource) commitOnce(ctx context.Context, only []*partState) ([]*par
 		e.log.Warn("kpar: broker refused the commit metadata as too large; committing with a smaller finished-offsets set",
 			"topic", p.ps.topic, "partition", p.ps.partition, "bytes", len(p.meta), "new_limit", p.limit)
 	}
-	for _, h := range e.hooks.commit {
-		h.OnCommit(asked, commitErr)
-	}
-	for _, h := range e.hooks.commitReq {
-		h.OnCommitRequest(reqParts, reqBytes, commitErr)
-	}
-	var retry []*partState
-	for _, p := range tooLarge {
-		retry = append(retry, p.ps)
-	}
-	return retry, commitErr
 }
 
 // withoutTooLarge drops OFFSET_METADATA_TOO_LARGE errors from a joined

@@ -66,7 +66,7 @@ type handlerCost struct {
 	wideOK bool
 	// runOK: the configuration allows record runs: neither a batch
 	// handler, nor a rate limit, nor the adaptive limit counting records
-	// one by one.
+	// one by one, nor outputs, which belong to one record each.
 	runOK bool
 }
 
@@ -76,7 +76,7 @@ func newHandlerCost(c *cfg, batch bool, rate *rates) handlerCost {
 		perRecord: c.pinnedCost,
 		pinned:    c.pinnedCost,
 		wideOK:    wide,
-		runOK:     !batch && rate == nil && !c.adaptive,
+		runOK:     !batch && rate == nil && !c.adaptive && !c.outputs && !c.exactlyOnce,
 	}
 }
 

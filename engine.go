@@ -48,6 +48,9 @@ type engine struct {
 	// producer writes retry-topic records: the group source's client;
 	// nil for the sources that refuse RetryTopics.
 	producer *kgo.Client
+	// out produces what handlers emit (outputs.go); nil unless Outputs or
+	// ExactlyOnce. Set by run before any goroutine starts.
+	out *outputs
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
 	overdue atomic.Int64 // attempts running past their deadline at the last scan
@@ -155,6 +158,10 @@ type settling struct {
 	// Tallies of finished records, for Backfill's result: all of them,
 	// those that failed an attempt first, those dead-lettered.
 	finished, failedFinished, deadLettered int64
+	// pendingOutputs are the outputs of finished records that wait for the
+	// transaction that commits them (ExactlyOnce, txn.go), in the order
+	// the records finished.
+	pendingOutputs []pendingOutput
 }
 
 // falseSharingPad separates what different goroutines write: two cache
@@ -198,6 +205,14 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 // run runs the pipeline over e.src until ctx ends, the source is done, or
 // a fatal error.
 func (e *engine) run(ctx context.Context) error {
+	if e.cfg.outputs || e.cfg.exactlyOnce {
+		out, err := newOutputs(e.cfg)
+		if err != nil {
+			return err
+		}
+		defer out.cl.Close()
+		e.out = out
+	}
 	if err := e.src.open(ctx); err != nil {
 		return err
 	}

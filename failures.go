@@ -256,7 +256,17 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 	for i, t := range ts {
 		letters[i] = e.letter(t)
 	}
-	if err := e.cfg.deadLetters.Write(ctx, letters); err != nil {
+	if e.out != nil && e.out.eos {
+		// They join the transaction that commits their records
+		// (validateOutputs made sure the sink writes to Kafka).
+		recs, err := e.cfg.deadLetters.(*deadletter.KafkaSink).Records(ctx, letters)
+		if err != nil {
+			return err
+		}
+		for i, t := range ts {
+			t.Value.x.outputs = append(t.Value.x.outputs, recs[i])
+		}
+	} else if err := e.cfg.deadLetters.Write(ctx, letters); err != nil {
 		return err
 	}
 	for _, l := range letters {

@@ -32,6 +32,9 @@ type groupSource struct {
 	// joins ends the run of a member that keeps failing to join (the
 	// poller's).
 	joins joinFailures
+	// ids caches topic IDs for transactional commits (txn.go).
+	idMu sync.Mutex
+	ids  map[string][16]byte
 }
 
 func newGroupSource(e *engine) *groupSource {
@@ -143,6 +146,10 @@ func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.
 	)
 	if c.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(c.instanceID))
+	}
+	if c.exactlyOnce {
+		// Outputs of transactions that abort must not be read back.
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
 	if c.protocol == ConsumerProtocol {
 		// franz-go speaks KIP-848 with its own sticky (or range) balancer

@@ -214,6 +214,11 @@ type cfg struct {
 
 	batch bool // set by NewBatch
 
+	// Outputs (outputs.go) and transactions (txn.go).
+	outputs         bool
+	exactlyOnce     bool
+	transactionalID string
+
 	// Backfill only (backfill.go): BackfillOpts.
 	backfill         bool // set by Backfill
 	readers          int
@@ -473,6 +478,9 @@ func (c *cfg) validate() error {
 		if err := c.validateShare(); err != nil {
 			return err
 		}
+	}
+	if err := c.validateOutputs(); err != nil {
+		return err
 	}
 	switch {
 	case len(c.brokers) == 0 && len(c.clientOpts) == 0:

@@ -48,6 +48,9 @@ type extra struct {
 	// keyPaid: the record reserved its key's token (KeyRateLimit) and was
 	// set aside until it is due; take lets it through once.
 	keyPaid bool
+	// outputs are what the record's successful attempt emitted, kept for
+	// the transaction that commits the record (ExactlyOnce).
+	outputs []*kgo.Record
 
 	// Records consumed from a retry topic: the level n of <topic>.retry.<n>,
 	// when they are due, the attempts before this level, and the original

@@ -273,7 +273,12 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
 			Timestamp: now,
 		}
 	}
-	if err := e.producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if e.out != nil && e.out.eos {
+		// They join the transaction that commits their records.
+		for i, t := range ts {
+			t.Value.x.outputs = append(t.Value.x.outputs, recs[i])
+		}
+	} else if err := e.producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return fmt.Errorf("producing to retry topics: %w", err)
 	}
 	for i, t := range ts {

@@ -141,13 +141,16 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 func (e *engine) attempt(ctx context.Context, slot int, t *task, r *kgo.Record, at time.Time, shared **attemptCtx, fast bool) (err error, timedOut bool) {
 	actx := *shared
 	if actx == nil {
-		actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts}
+		actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts, emit: e.out != nil}
 		e.slots[slot].Store(actx)
 		if fast {
 			*shared = actx
 		}
 	}
 	err = callHandler(actx, e.handler, r)
+	if e.out != nil {
+		err = e.emitted(ctx, t, actx, err)
+	}
 	timedOut = err != nil && actx.timedOut()
 	if actx != *shared || actx.Err() != nil {
 		e.slots[slot].Store(nil)
@@ -165,9 +168,14 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 		e.dispatched(t, start)
 		*recs = append(*recs, t.Value.original())
 	}
-	actx := &attemptCtx{Context: ctx, deadline: start.Add(e.cfg.attemptTimeout), task: batch[0], attempt: batch[0].Value.attempts}
+	actx := &attemptCtx{Context: ctx, deadline: start.Add(e.cfg.attemptTimeout), task: batch[0], attempt: batch[0].Value.attempts, emit: e.out != nil}
 	e.slots[slot].Store(actx)
 	err := e.callBatch(actx, *recs)
+	if e.out != nil {
+		// The batch's outputs go with its last record, which finishes
+		// with the others in one round of the lock below.
+		err = e.emitted(ctx, batch[len(batch)-1], actx, err)
+	}
 	e.slots[slot].Store(nil)
 	timedOut := err != nil && actx.timedOut()
 	backoffs := make([]time.Duration, len(batch))
@@ -446,6 +454,10 @@ func (e *engine) complete(t *task) (next *task) {
 		}
 		if e.acks {
 			e.accepted = append(e.accepted, t.Value.rec)
+		}
+		if x := t.Value.x; x != nil && len(x.outputs) > 0 {
+			e.pendingOutputs = append(e.pendingOutputs, pendingOutput{ps, x.outputs})
+			x.outputs = nil
 		}
 	} // a run's records were marked finished by markRun
 	e.askCommit()

@@ -143,6 +143,29 @@ func NewKafkaSink(cl *kgo.Client, opts ...KafkaSinkOpt) *KafkaSink {
 
 var _ Sink = (*KafkaSink)(nil)
 
+// Records returns the records Write would produce for letters, on the
+// partitions Write would choose, without producing them: for a caller that
+// produces them itself, in a transaction say. A letter too large for its
+// topic is not cut here: the caller's produce fails.
+func (s *KafkaSink) Records(ctx context.Context, letters []Letter) ([]*kgo.Record, error) {
+	recs := make([]*kgo.Record, 0, len(letters))
+	for _, l := range letters {
+		if l.Record == nil {
+			return nil, errors.New("deadletter: dead letter without a record")
+		}
+		rec := s.record(ctx, l, nil)
+		if s.manual {
+			n, err := s.counts.get(ctx, rec.Topic)
+			if err != nil {
+				return nil, err
+			}
+			rec.Partition = mapPartition(l.Record.Partition, n)
+		}
+		recs = append(recs, rec)
+	}
+	return recs, nil
+}
+
 // Write implements Sink.
 func (s *KafkaSink) Write(ctx context.Context, letters []Letter) error {
 	if len(letters) == 0 {

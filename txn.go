@@ -1,0 +1,287 @@
+package kpar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar/deadletter"
+)
+
+// pendingOutput is the outputs of one finished record (or batch), waiting
+// for the transaction that commits it.
+type pendingOutput struct {
+	ps   *partState
+	recs []*kgo.Record
+}
+
+// ExactlyOnce makes a consumer group member's outputs (Emit) exactly once:
+// the outputs of the records a commit marks finished, and that commit (the
+// window start and the finished set above it, TxnOffsetCommit), form one
+// Kafka transaction, so a reader with read_committed isolation sees each
+// input's outputs exactly once, across crashes and rebalances. The
+// transaction carries the group's member ID and generation (or epoch), so
+// a member that lost its partitions (a zombie) cannot commit them (KIP-447).
+// Records still in flight go into the next transaction: nothing stops while
+// one ends. A transaction ends at most once per CommitInterval, and not at
+// all while nothing finishes.
+//
+// Source topics are read read_committed. Dead letters (a Kafka sink is then
+// required: deadletter.NewKafkaSink) and retry-topic records join the
+// transaction as the record's outputs, so they too appear exactly once.
+// The transactional ID is TransactionalID's, else "<group>-<InstanceID>";
+// one of the two is required: a stable ID lets a restarted member abort
+// its predecessor's open transaction at once, instead of readers waiting
+// for the transaction timeout. A share group or a Backfill cannot take it:
+// neither commits offsets a transaction could hold.
+// Default: off.
+func ExactlyOnce() ConsumerOpt { return consumerOpt(func(c *cfg) { c.exactlyOnce = true }) }
+
+// TransactionalID sets the transactional ID of ExactlyOnce's producer,
+// overriding the default "<group>-<InstanceID>". Each running member needs
+// its own, the same across its restarts.
+func TransactionalID(id string) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.transactionalID = id })
+}
+
+// txnID is the transactional ID of ExactlyOnce's producer.
+func (c *cfg) txnID() string {
+	if c.transactionalID != "" {
+		return c.transactionalID
+	}
+	return c.group + "-" + c.instanceID
+}
+
+// validateOutputs checks what Outputs and ExactlyOnce need.
+func (c *cfg) validateOutputs() error {
+	if !c.exactlyOnce {
+		return nil
+	}
+	switch {
+	case c.shareGroup != "":
+		return errors.New("kpar: ExactlyOnce is not supported with ShareGroup: a share group has no offsets a transaction could commit; use Outputs (at least once)")
+	case c.transactionalID == "" && c.instanceID == "":
+		return errors.New("kpar: ExactlyOnce needs InstanceID or TransactionalID: a stable transactional ID lets a restarted member abort its predecessor's open transaction at once")
+	case c.deadLetters != nil && !isKafkaSink(c.deadLetters):
+		return fmt.Errorf("kpar: ExactlyOnce needs a Kafka dead-letter sink (deadletter.NewKafkaSink), not %T: dead letters join the transaction", c.deadLetters)
+	}
+	return nil
+}
+
+// isKafkaSink reports whether s writes dead letters to Kafka, which a
+// transaction can hold.
+func isKafkaSink(s deadletter.Sink) bool {
+	_, ok := s.(*deadletter.KafkaSink)
+	return ok
+}
+
+// commitTxn is the group source's commit with ExactlyOnce. It takes, under
+// the pipeline's lock at once, each partition's window start and finished
+// set and the outputs of the records finished so far: exactly the outputs
+// that commit marks finished. With outputs, both go in one transaction;
+// without, the commit is a plain one (there is nothing to make atomic).
+// A failed transaction is aborted and its outputs go into the next one, in
+// front of the newer ones: their records stay finished in the windows, and
+// the next commit includes them again. Called with g.commitMu held.
+func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
+	e := g.e
+	e.mu.Lock()
+	todo := g.snapshotLocked(only)
+	outs := e.takeOutputs()
+	e.mu.Unlock()
+	if len(outs) == 0 {
+		if len(todo) == 0 {
+			return nil
+		}
+		_, err := g.commitParts(ctx, todo)
+		return err
+	}
+	err := g.transact(ctx, todo, outs)
+	if err != nil {
+		e.mu.Lock()
+		e.putBackOutputs(outs)
+		e.askCommit() // try again after the settler's backoff
+		e.mu.Unlock()
+	}
+	return err
+}
+
+// takeOutputs takes the outputs waiting for a transaction, but those of
+// partitions dropped meanwhile: their next owner handles their records,
+// and emits again. Called with mu held.
+func (e *engine) takeOutputs() []pendingOutput {
+	outs := e.pendingOutputs[:0:0]
+	for _, o := range e.pendingOutputs {
+		if o.ps.status != dropped {
+			outs = append(outs, o)
+		}
+	}
+	clear(e.pendingOutputs)
+	e.pendingOutputs = e.pendingOutputs[:0]
+	return outs
+}
+
+// putBackOutputs puts the outputs of a failed transaction back in front of
+// those that came since. Called with mu held.
+func (e *engine) putBackOutputs(outs []pendingOutput) {
+	e.pendingOutputs = append(outs, e.pendingOutputs...)
+}
+
+// transact runs one transaction: the outputs, then the commit of todo
+// (AddOffsetsToTxn and TxnOffsetCommit, with the member's ID and generation
+// so that a zombie is fenced), then its end. Any failure aborts it.
+func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pendingOutput) error {
+	e := g.e
+	txn := e.out.cl
+	if err := txn.BeginTransaction(); err != nil {
+		return fmt.Errorf("kpar: beginning a transaction: %w", err)
+	}
+	var (
+		mu         sync.Mutex
+		produceErr error
+	)
+	for _, o := range outs {
+		for _, r := range o.recs {
+			txn.Produce(ctx, r, func(_ *kgo.Record, err error) {
+				if err != nil {
+					mu.Lock()
+					produceErr = cmpOr(produceErr, err)
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	err := txn.Flush(ctx)
+	mu.Lock()
+	err = cmpOr(err, produceErr)
+	mu.Unlock()
+	var asked map[string]map[int32]int64
+	var tooLarge []*commitPart
+	if err == nil && len(todo) > 0 {
+		asked, tooLarge, err = g.txnOffsetCommit(ctx, txn, todo)
+	}
+	end := kgo.TryCommit
+	if err != nil {
+		end = kgo.TryAbort
+	}
+	if endErr := txn.EndTransaction(ctx, end); endErr != nil || err != nil {
+		if errors.Is(endErr, kerr.ProducerFenced) || errors.Is(endErr, kerr.InvalidProducerEpoch) {
+			endErr = fmt.Errorf("%w: another producer runs with this member's transactional ID %q: give every member its own (TransactionalID or InstanceID)", endErr, e.cfg.txnID())
+		}
+		if len(todo) > 0 {
+			g.committed(todo, nil, tooLarge)
+		}
+		return fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
+	}
+	g.committed(todo, asked, nil)
+	for _, h := range e.hooks.commit {
+		h.OnCommit(asked, nil)
+	}
+	return nil
+}
+
+// txnOffsetCommit adds the commit of todo to the open transaction of txn.
+func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, todo []commitPart) (map[string]map[int32]int64, []*commitPart, error) {
+	e := g.e
+	id, epoch, err := txn.ProducerID(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kpar: the transaction's producer ID: %w", err)
+	}
+	txnID := e.cfg.txnID()
+	add := kmsg.NewPtrAddOffsetsToTxnRequest()
+	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = txnID, id, epoch, e.cfg.group
+	addResp, err := add.RequestWith(ctx, txn)
+	if err == nil {
+		err = kerr.ErrorForCode(addResp.ErrorCode)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("kpar: adding the commit to the transaction (AddOffsetsToTxn): %w", err)
+	}
+	offsets, byTP := g.encode(todo)
+	ids, err := g.topicIDs(ctx, offsets)
+	if err != nil {
+		return nil, nil, err
+	}
+	member, generation := g.cl.GroupMetadata()
+	req := kmsg.NewPtrTxnOffsetCommitRequest()
+	req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch = txnID, e.cfg.group, id, epoch
+	req.MemberID, req.Generation = member, generation
+	if e.cfg.instanceID != "" {
+		req.InstanceID = kmsg.StringPtr(e.cfg.instanceID)
+	}
+	for topic, ps := range offsets {
+		t := kmsg.NewTxnOffsetCommitRequestTopic()
+		// Both: v6+ names a topic by its ID (KIP-1319), older versions
+		// by its name.
+		t.Topic, t.TopicID = topic, ids[topic]
+		for p, o := range ps {
+			rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+			rp.Partition, rp.Offset, rp.LeaderEpoch = p, o.Offset, -1
+			meta := byTP[tp{topic: topic, partition: p}].meta
+			rp.Metadata = &meta
+			t.Partitions = append(t.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, t)
+	}
+	resp, err := req.RequestWith(ctx, txn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kpar: committing offsets in the transaction (TxnOffsetCommit): %w", err)
+	}
+	asked := askedOffsets(todo)
+	var tooLarge []*commitPart
+	var commitErr error
+	for _, t := range resp.Topics {
+		for _, rp := range t.Partitions {
+			tooLarge, commitErr = partitionCommitted(t.Topic, rp.Partition, rp.ErrorCode, asked, byTP, tooLarge, commitErr)
+		}
+	}
+	if commitErr != nil {
+		return nil, tooLarge, fmt.Errorf("kpar: committing offsets in the transaction (TxnOffsetCommit): %w", commitErr)
+	}
+	return asked, nil, nil
+}
+
+// topicIDs returns the IDs of the topics of offsets, from the metadata,
+// cached: a topic recreated under its name is forgotten (forgetTopic) with
+// its ID.
+func (g *groupSource) topicIDs(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) (map[string][16]byte, error) {
+	g.idMu.Lock()
+	defer g.idMu.Unlock()
+	var missing []string
+	for topic := range offsets {
+		if _, ok := g.ids[topic]; !ok {
+			missing = append(missing, topic)
+		}
+	}
+	if len(missing) > 0 {
+		tds, err := kadm.NewClient(g.cl).ListTopics(ctx, missing...)
+		if err != nil {
+			return nil, fmt.Errorf("kpar: reading the IDs of the topics to commit: %w", err)
+		}
+		if g.ids == nil {
+			g.ids = make(map[string][16]byte)
+		}
+		for _, topic := range missing {
+			td, ok := tds[topic]
+			if !ok || td.Err != nil {
+				return nil, fmt.Errorf("kpar: reading the ID of topic %q to commit: %v", topic, td.Err)
+			}
+			g.ids[topic] = td.ID
+		}
+	}
+	return g.ids, nil
+}
+
+// cmpOr returns a, or b when a is nil.
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
