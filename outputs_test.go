@@ -3,13 +3,19 @@ package kpar
 import (
 	"context"
 	"encoding/binary"
+	"log/slog"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	invariant "github.com/kpar/kpar/internal/ledger"
 )
@@ -145,6 +151,197 @@ func TestEmitOutsideOutputs(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "InstanceID or TransactionalID") {
 		t.Fatalf("ExactlyOnce without a transactional ID: %v", err)
 	}
-	_ = rand.IntN
-	_ = os.Getenv
+}
+
+// TestExactlyOnceOutputsSurviveKills SIGKILLs a member with ExactlyOnce
+// (a child process running this test binary) again and again while it
+// handles records, each time restarting it with the same instance ID, in
+// every ordering mode: a read_committed reader of the output topic then
+// finds every input's output exactly once, and a key's outputs in input
+// order. KPAR_CHAOS_SOAK=1 kills 10 times over 20,000 records instead of 3
+// times over 3,000.
+func TestExactlyOnceOutputsSurviveKills(t *testing.T) {
+	if env := os.Getenv("KPAR_EOS_CHILD"); env != "" {
+		eosChild(env)
+		return
+	}
+	n, kills := 3000, 3
+	if os.Getenv("KPAR_CHAOS_SOAK") != "" {
+		n, kills = 20000, 10
+	}
+	for _, mode := range orderModes() {
+		t.Run(mode.order.String(), func(t *testing.T) {
+			t.Parallel()
+			c := newFakeCluster(t, "kills member processes", "in", 4)
+			produce(t, c, "in", n, 100)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			adm := adminClient(t, c)
+			progress := func() (done, total int64) {
+				ends, err := adm.ListEndOffsets(ctx, "in")
+				if err != nil {
+					return 0, 1
+				}
+				ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+				if os, err := adm.FetchOffsets(ctx, "eos"); err == nil { // no group before the first commit
+					os.Each(func(o kadm.OffsetResponse) {
+						if o.Topic == "in" {
+							done += max(o.At, 0)
+						}
+					})
+				}
+				return done, total
+			}
+			for k := 0; k <= kills; k++ {
+				cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestExactlyOnceOutputsSurviveKills$")
+				cmd.Env = append(os.Environ(), "KPAR_EOS_CHILD="+strings.Join(c.ListenAddrs(), ",")+";"+mode.order.String())
+				cmd.Stderr = os.Stderr
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				// Kill once the commits moved on by a share of the rest,
+				// and the last member once everything is committed.
+				before, total := progress()
+				target := before + (total-before)/int64(kills+1-k)
+				if k == kills {
+					target = total
+				}
+				target += rand.Int64N(max(total/int64(10*(kills+1)), 1)) // not always at a commit
+				target = min(target, total)
+				for {
+					if done, _ := progress(); done >= target {
+						break
+					}
+					if ctx.Err() != nil {
+						cmd.Process.Kill()
+						cmd.Wait()
+						t.Fatalf("kill %d: no progress to %d of %d committed", k, target, total)
+					}
+					time.Sleep(20 * time.Millisecond) // polling the broker's offsets
+				}
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+			checkOutputs(t, readOutputs(t, c, "out", n, 30*time.Second), n, mode.order, true)
+		})
+	}
+}
+
+// eosChild is the member TestExactlyOnceOutputsSurviveKills kills: env is
+// "brokers;mode".
+func eosChild(env string) {
+	brokers, mode, _ := strings.Cut(env, ";")
+	var o Order
+	if err := o.UnmarshalText([]byte(mode)); err != nil {
+		panic(err)
+	}
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+		return Emit(ctx, outputOf("out", r))
+	})
+	cons, err := New(h,
+		Brokers(strings.Split(brokers, ",")...), Group("eos"), Topics("in"), Ordering(o),
+		ExactlyOnce(), InstanceID("eos-member"), CommitInterval(20*time.Millisecond), Concurrency(16),
+		WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
+		ClientOptions(kgo.SessionTimeout(2*time.Second), kgo.HeartbeatInterval(100*time.Millisecond), kgo.AllowAutoTopicCreation()),
+	)
+	if err != nil {
+		panic(err)
+	}
+	cons.Run(context.Background())
+}
+
+// TestExactlyOnceThroughFaults: with ExactlyOnce, each input's output is
+// seen exactly once by a read_committed reader when, in the middle of a
+// run: another member joins (a rebalance revokes partitions while
+// transactions run); the member loses its partitions (a heartbeat fenced:
+// the outputs of their finished records are dropped with them, and their
+// new owner emits them again); the broker refuses the transaction's offset
+// commit, its end, or its outputs (the transaction aborts, and its outputs
+// go into the next one).
+func TestExactlyOnceThroughFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		faults []kfake.Fault
+		join   bool
+	}{
+		{name: "another member joins", join: true},
+		{name: "partitions lost", faults: []kfake.Fault{{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID}}},
+		{name: "TxnOffsetCommit refused", faults: []kfake.Fault{{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: kerr.UnknownServerError, Count: 2}}},
+		{name: "EndTxn refused", faults: []kfake.Fault{{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.UnknownServerError, Count: 2}}},
+		{name: "outputs refused", faults: []kfake.Fault{{Keys: []kmsg.Key{kmsg.Produce}, Topic: "out", Err: kerr.UnknownServerError, Count: 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const n = 2000
+			c := newFakeCluster(t, "injects broker faults", "in", 4)
+			createTopic(t, c, "out", 4)
+			l := invariant.New(invariant.ByKey, n)
+			produce(t, c, "in", n/2, 50, l.Produced)
+			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+				time.Sleep(200 * time.Microsecond)
+				if err := Emit(ctx, outputOf("out", r)); err != nil {
+					return err
+				}
+				l.Handled(r)
+				return nil
+			})
+			member := func(id string) func() error {
+				cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID(id), Concurrency(16))...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return runConsumer(t, cons)
+			}
+			stop := member("m1")
+			waitFor(t, l.Reached(n/4), 30*time.Second, "a quarter of the records")
+			var fh *kfake.FaultHandle
+			if tc.faults != nil {
+				fh = c.Fault(tc.faults...)
+			}
+			stops := []func() error{stop}
+			if tc.join {
+				stops = append(stops, member("m2"))
+			}
+			produceRange(t, c, "in", n/2, n, 50, l.Produced)
+			waitFor(t, l.AllHandled(), 60*time.Second, "every record")
+			if fh != nil {
+				// The last transactions may come after every record was
+				// handled: the fault hits them then.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := fh.Wait(ctx, 1)
+				cancel()
+				if err != nil {
+					t.Fatalf("the fault never hit: %v", err)
+				}
+			}
+			for _, stop := range stops {
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A fault may have aborted the last transactions too: what
+			// they held was not committed, and a member handles it again,
+			// emitting its outputs again, once.
+			stop = member("m1")
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				committed, end := offsets(t, c, "g", "in")
+				done := true
+				for p, o := range end {
+					done = done && committed[p] == o
+				}
+				if done {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("committed %v of %v", committed, end)
+				}
+				time.Sleep(20 * time.Millisecond) // polling the broker's offsets
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			checkOutputs(t, readOutputs(t, c, "out", n, 30*time.Second), n, ByKey, true)
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -139,8 +140,18 @@ func (e *engine) putBackOutputs(outs []pendingOutput) {
 func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pendingOutput) error {
 	e := g.e
 	txn := e.out.cl
+	// A transaction ends even when ctx is done (the settler stops at
+	// shutdown): one left open would refuse the next to begin.
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
 	if err := txn.BeginTransaction(); err != nil {
-		return fmt.Errorf("kpar: beginning a transaction: %w", err)
+		// One an earlier call could not end: abort it, and begin again.
+		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
+			return fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
+		}
+		if err := txn.BeginTransaction(); err != nil {
+			return fmt.Errorf("kpar: beginning a transaction: %w", err)
+		}
 	}
 	var (
 		mu         sync.Mutex
@@ -148,6 +159,9 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	)
 	for _, o := range outs {
 		for _, r := range o.recs {
+			// A copy: a record produced in an aborted transaction carries
+			// that produce's state (its context, offset, producer ID).
+			r := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
 			txn.Produce(ctx, r, func(_ *kgo.Record, err error) {
 				if err != nil {
 					mu.Lock()
@@ -170,7 +184,19 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	if err != nil {
 		end = kgo.TryAbort
 	}
-	if endErr := txn.EndTransaction(ctx, end); endErr != nil || err != nil {
+	endErr := txn.EndTransaction(endCtx, end)
+	if endErr != nil && end == kgo.TryCommit {
+		// The commit's outcome is unknown: end the transaction for sure,
+		// then read back whether its commit landed. If it did, its
+		// outputs are visible: producing them again would repeat them.
+		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
+			e.log.Warn("kpar: aborting a transaction whose commit failed failed too", "commit_err", endErr, "err", abortErr)
+		}
+		if g.txnLanded(endCtx, todo) {
+			endErr = nil
+		}
+	}
+	if endErr != nil || err != nil {
 		if errors.Is(endErr, kerr.ProducerFenced) || errors.Is(endErr, kerr.InvalidProducerEpoch) {
 			endErr = fmt.Errorf("%w: another producer runs with this member's transactional ID %q: give every member its own (TransactionalID or InstanceID)", endErr, e.cfg.txnID())
 		}
@@ -179,11 +205,35 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 		}
 		return fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
 	}
+	if asked == nil {
+		asked = askedOffsets(todo)
+	}
 	g.committed(todo, asked, nil)
 	for _, h := range e.hooks.commit {
 		h.OnCommit(asked, nil)
 	}
 	return nil
+}
+
+// txnLanded reports whether the group's committed offsets are those todo
+// committed, metadata included: the transaction that carried them
+// committed. It reads them stable (KIP-447): a transaction still pending
+// is waited for.
+func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart) bool {
+	if len(todo) == 0 {
+		return false
+	}
+	resps, err := kadm.NewClient(g.cl).FetchOffsets(ctx, g.e.cfg.group)
+	if err != nil {
+		return false
+	}
+	for _, p := range todo {
+		r, ok := resps.Lookup(p.ps.topic, p.ps.partition)
+		if !ok || r.Err != nil || r.At != p.offset || r.Metadata != p.meta {
+			return false
+		}
+	}
+	return true
 }
 
 // txnOffsetCommit adds the commit of todo to the open transaction of txn.
