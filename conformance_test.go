@@ -61,6 +61,7 @@ func flowRows() []flowRow {
 		{"shutdown-ctx-ignored", testShutdownBoundCtxIgnored},
 		{"poison-storm", testPoisonStorm},
 		{"order", testOrder},
+		{"outputs", testOutputs},
 	}
 }
 
@@ -647,4 +648,30 @@ func testOrder(t *testing.T, src flowSource) {
 		t.Errorf("records of one key ran at once: %v", overlap)
 	}
 	t.Logf("%d handled, %d duplicates; %d starts overlapped another of their key", rep.Handled, rep.Duplicates, len(overlap))
+}
+
+// testOutputs: a handler's outputs (Emit, with Outputs) are produced at
+// least once: every record has its output in the output topic once it is
+// finished. (Exactly once is a consumer group's alone, ExactlyOnce, which a
+// share group refuses and Backfill cannot take: outputs_test.go proves it.)
+func testOutputs(t *testing.T, src flowSource) {
+	const n = 200
+	cl := newCell(t, src, n, func(i int) int { return i % 20 })
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		return Emit(ctx, outputOf("outputs", r))
+	})
+	if !cl.mustRun(h, Outputs(), ClientOptions(kgo.AllowAutoTopicCreation())) {
+		return
+	}
+	outs := readOutputs(t, cl.c, "outputs", n, 20*time.Second)
+	seen := map[[2]int64]bool{}
+	for _, o := range outs {
+		p, off, _ := inputOf(o)
+		seen[[2]int64{int64(p), off}] = true
+	}
+	for i, r := range cl.recs {
+		if !seen[[2]int64{int64(r.Partition), r.Offset}] {
+			t.Errorf("%s has no output", cl.describe(i))
+		}
+	}
 }
