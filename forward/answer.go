@@ -16,6 +16,7 @@ type answer struct {
 	status     int
 	reason     string        // the endpoint's "error", as printable text
 	retryAfter time.Duration // "retry_after", capped; 0 for none
+	reply      []byte        // "reply", its JSON text; nil for none (Replies)
 }
 
 // answerItem is an object of a batch answer.
@@ -23,12 +24,13 @@ type answerItem struct {
 	Status     *int            `json:"status"`
 	Error      json.RawMessage `json:"error"`
 	RetryAfter *float64        `json:"retry_after"`
+	Reply      json.RawMessage `json:"reply"`
 }
 
 // answerShape is what a 2xx batch answer may be, for the error of one
 // that is not.
 const answerShape = `want an empty body, or a JSON array with one item per record in request order, ` +
-	`each a status code (200) or an object {"status": 422, "error": "why", "retry_after": seconds}`
+	`each a status code (200) or an object {"status": 422, "error": "why", "retry_after": seconds, "reply": any JSON}`
 
 // readAnswers reads a 2xx batch answer of n records: nil for an empty body
 // (all done), else one answer per record. It closes the body. Its error
@@ -96,6 +98,9 @@ func readAnswer(raw json.RawMessage, maxRetryAfter time.Duration) (answer, error
 		}
 		a.reason = printable([]byte(s[:min(len(s), snippetLimit)]))
 	}
+	if len(it.Reply) > 0 && string(it.Reply) != "null" {
+		a.reply = it.Reply
+	}
 	if it.RetryAfter != nil && *it.RetryAfter > 0 {
 		d := maxRetryAfter
 		if secs := *it.RetryAfter; secs < maxRetryAfter.Seconds() && !math.IsInf(secs, 0) {
@@ -126,4 +131,7 @@ type BatchAnswer struct {
 	// RetryAfter asks kpar to wait this many seconds before retrying the
 	// record, capped at MaxRetryAfter.
 	RetryAfter float64 `json:"retry_after,omitempty"`
+	// Reply, with Replies, becomes the value of the record's reply: its
+	// JSON text. Nil makes none.
+	Reply any `json:"reply,omitempty"`
 }

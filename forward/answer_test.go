@@ -76,7 +76,7 @@ func TestForwardBatchAnswerOfAnotherShapeNamesTheShape(t *testing.T) {
 					msg = err.Error()
 				}
 				if err == nil || kpar.IsPermanent(err) || !strings.Contains(msg, tc.why) ||
-					!strings.Contains(msg, `{"status": 422, "error": "why", "retry_after": seconds}`) || !strings.Contains(msg, "got: ") {
+					!strings.Contains(msg, `{"status": 422, "error": "why", "retry_after": seconds, "reply": any JSON}`) || !strings.Contains(msg, "got: ") {
 					t.Errorf("record %d: %v; want a retryable error saying %q, naming the shape and quoting the answer", i, err, tc.why)
 				}
 			}

@@ -35,6 +35,9 @@ type batch struct {
 	// only by the leader after that.
 	recs []*kgo.Record
 	ctxs []context.Context
+	// replies are the replies of the records, written by the leader
+	// before done closes (Replies); nil for none.
+	replies [][]byte
 	full chan struct{} // closed when len(recs) reaches n
 	errs []error       // written by the leader before done closes
 	done chan struct{}
@@ -69,7 +72,7 @@ func (b *batcher) handle(ctx context.Context, r *kgo.Record) error {
 		// this one. The request itself ends when every member's context
 		// has (see send).
 		<-bt.done
-		return bt.errs[i]
+		return b.done(ctx, bt, i)
 	}
 	t := time.NewTimer(b.wait)
 	select {
@@ -84,7 +87,16 @@ func (b *batcher) handle(ctx context.Context, r *kgo.Record) error {
 	b.mu.Unlock()
 	b.send(bt)
 	close(bt.done)
-	return bt.errs[0]
+	return b.done(ctx, bt, 0)
+}
+
+// done returns the outcome of member i of bt, once the answer came, with
+// its reply emitted in its own context, which kpar.Emit needs.
+func (b *batcher) done(ctx context.Context, bt *batch, i int) error {
+	if err := bt.errs[i]; err != nil || bt.replies == nil || bt.replies[i] == nil {
+		return err
+	}
+	return b.h.emit(ctx, b.h.reply(bt.recs[i], bt.replies[i], "application/json"))
 }
 
 // send posts bt and fills bt.errs.
@@ -149,6 +161,12 @@ func (b *batcher) send(bt *batch) {
 	}
 	for i, a := range answers {
 		if a.status >= 200 && a.status <= 299 {
+			if a.reply != nil && h.replyTopic != "" {
+				if bt.replies == nil {
+					bt.replies = make([][]byte, n)
+				}
+				bt.replies[i] = a.reply
+			}
 			continue
 		}
 		serr := &StatusError{

@@ -90,6 +90,7 @@ type Handler struct {
 	nHeader       int           // values in header
 	contentType   []string      // Content-Type of a record without one, shared
 	cloudEvents   *cloudEvents  // nil without CloudEvents
+	replyTopic    string        // Replies (reply.go); "" for none
 	batch         *batcher      // nil without Batch
 	tmpl          *http.Request // POST to url, copied for each request
 	// answered counts 2xx answers: a request that timed out while it
@@ -146,6 +147,7 @@ func New(rawURL string, opts ...Opt) (*Handler, error) {
 		timeout: c.timeout, maxRetryAfter: c.maxRetryAfter,
 		header: c.header, nHeader: n,
 		contentType: []string{contentType}, cloudEvents: c.cloudEvents,
+		replyTopic: c.replyTopic,
 	}
 	h.tmpl = &http.Request{
 		Method: http.MethodPost, URL: u, Host: u.Host,
@@ -266,6 +268,9 @@ func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		h.answered.Add(1)
+		if h.replyTopic != "" {
+			return h.emitReply(ctx, r, resp)
+		}
 		drain(resp)
 		return nil
 	}

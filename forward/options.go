@@ -25,6 +25,7 @@ type cfg struct {
 	batchWait     time.Duration
 	contentType   string // "": DefaultContentType
 	cloudEvents   *cloudEvents
+	replyTopic    string // Replies; "" for none
 }
 
 // DefaultContentType is the Content-Type of a record that has no

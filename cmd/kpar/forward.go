@@ -120,6 +120,8 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
 	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
+	replyTopic := fs.String("reply-topic", "", "make the body of each 2xx answer a record on `TOPIC`, keyed like its input (204 or an empty body: none; with --batch, each answer item's \"reply\"), produced at least once, or exactly once with --exactly-once")
+	exactlyOnce := fs.Bool("exactly-once", false, "produce the replies (and the dead letters and retry-topic records) in one Kafka transaction with the commit of their inputs: a read_committed reader sees each exactly once; needs --group and a Kafka dead-letter sink, and a transactional ID: <group>-<--instance-id>, else <group>-<host name> (one forwarder per host)")
 	retryTopics := fs.String("retry-topics", "", "comma-separated `DELAYS` (1s,30s): after --max-attempts a record goes to <topic>.retry.1, due 1s later, then <topic>.retry.2, ..., then the dead letters; the main topic is not held up")
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
@@ -208,6 +210,12 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if err != nil {
 		return fs.usageError("invalid --dead-letters: %v", err)
 	}
+	if *exactlyOnce && share {
+		return fs.usageError("invalid --exactly-once with --share-group: a share group commits no offsets a transaction could hold; --reply-topic alone produces replies at least once")
+	}
+	if *exactlyOnce && sink.scheme != "kafka" {
+		return fs.usageError("invalid --exactly-once with --dead-letters %s://: dead letters join the transaction, so they must go to Kafka", sink.scheme)
+	}
 	if *dlqTopic != "" && sink.scheme != "kafka" {
 		return fs.usageError("invalid --dlq-topic: it names a Kafka topic, and --dead-letters is %s://", sink.scheme)
 	}
@@ -217,7 +225,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if slices.Contains(topicList, sink.topic) {
 		return fs.usageError("invalid --dlq-topic %q: it is a topic being consumed", sink.topic)
 	}
-	fwdOpts, code, ok := req.opts(fs, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
+	base := []forward.Opt{forward.Concurrency(*concurrency), forward.Timeout(*att.timeout)}
+	if *replyTopic != "" {
+		base = append(base, forward.Replies(*replyTopic))
+	}
+	fwdOpts, code, ok := req.opts(fs, base...)
 	if !ok {
 		return code
 	}
@@ -266,9 +278,25 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if share {
 		membership = []kpar.ConsumerOpt{kpar.ShareGroup(*shareGroup)}
 	}
+	switch {
+	case *exactlyOnce:
+		membership = append(membership, kpar.ExactlyOnce())
+		if *instanceID == "" {
+			host, err := os.Hostname()
+			if err != nil {
+				return fs.usageError("invalid --exactly-once: no --instance-id, and no host name to derive a transactional ID from (%v): give --instance-id", err)
+			}
+			membership = append(membership, kpar.TransactionalID(*group+"-"+host))
+		}
+	case *replyTopic != "":
+		membership = append(membership, kpar.Outputs())
+	}
 	opts := []kpar.ConsumerOpt{
 		kpar.Brokers(seeds...),
 		kpar.ClientOptions(append(consumeOpts, secOpts...)...),
+		// The reply topic may be created by its first record, where the
+		// cluster allows it (kpar broker does).
+		kpar.ClientOptions(kgo.AllowAutoTopicCreation()),
 		kpar.CommitInterval(*commitInterval),
 		kpar.Topics(subscribed...),
 		kpar.Concurrency(*concurrency),
@@ -331,6 +359,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
+	}
+	if *replyTopic != "" {
+		attrs = append(attrs, "reply_topic", *replyTopic, "exactly_once", *exactlyOnce)
 	}
 	if len(regexList) > 0 {
 		attrs = append(attrs, "topic_regex", strings.Join(regexList, ","))
