@@ -38,9 +38,9 @@ type batch struct {
 	// replies are the replies of the records, written by the leader
 	// before done closes (Replies); nil for none.
 	replies [][]byte
-	full chan struct{} // closed when len(recs) reaches n
-	errs []error       // written by the leader before done closes
-	done chan struct{}
+	full    chan struct{} // closed when len(recs) reaches n
+	errs    []error       // written by the leader before done closes
+	done    chan struct{}
 }
 
 func (b *batcher) handle(ctx context.Context, r *kgo.Record) error {
