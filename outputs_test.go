@@ -62,38 +62,19 @@ func readOutputs(t *testing.T, c cluster, topic string, want int, d time.Duratio
 	return out
 }
 
-// checkOutputs checks that every produced input has exactly one output (at
-// least one when exact is false), and, per key, that outputs come in input
-// order where the mode keeps one.
-func checkOutputs(t *testing.T, outs []*kgo.Record, inputs int, order Order, exact bool) {
+// checkOutputs notes what a reader read in l (whose inputs were
+// produced through it) and checks that every input has exactly one output
+// (at least one when exact is false), and a key's outputs come in input
+// order where l's order keeps one.
+func checkOutputs(t *testing.T, l *invariant.Ledger, outs []*kgo.Record, exact bool) {
 	t.Helper()
-	seen := map[[2]int64]int{}
-	last := map[string][2]int64{}
+	l.ExpectOutputs()
 	for _, o := range outs {
 		p, off, _ := inputOf(o)
-		k := [2]int64{int64(p), off}
-		seen[k]++
-		if order == Unordered {
-			continue
-		}
-		// Outputs of a key share a partition of the output topic; those of
-		// an input partition do not, so order is checked per key in both
-		// ordered modes.
-		key := string(o.Key)
-		if prev, ok := last[key]; ok && prev[0] == int64(p) && prev[1] >= off && seen[k] == 1 {
-			t.Errorf("output of %d/%d after that of %d/%d: key %q out of order", p, off, prev[0], prev[1], key)
-		}
-		if seen[k] == 1 {
-			last[key] = k
-		}
+		l.Output("in", p, off, o.Key) // the input topic of these tests
 	}
-	if len(seen) != inputs {
-		t.Errorf("%d inputs have outputs, want %d", len(seen), inputs)
-	}
-	for k, n := range seen {
-		if exact && n != 1 || n < 1 {
-			t.Errorf("input %d/%d has %d outputs, want %s", k[0], k[1], n, map[bool]string{true: "exactly 1", false: "1 or more"}[exact])
-		}
+	if err := l.Report().CheckOutputs(exact); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -134,7 +115,7 @@ func TestOutputsAtLeastOnceAndExactlyOnce(t *testing.T) {
 				if err := stop(); err != nil {
 					t.Fatal(err)
 				}
-				checkOutputs(t, readOutputs(t, c, "out", n, 20*time.Second), n, mode.order, eos)
+				checkOutputs(t, l, readOutputs(t, c, "out", n, 20*time.Second), eos)
 			})
 		}
 	}
@@ -173,7 +154,8 @@ func TestExactlyOnceOutputsSurviveKills(t *testing.T) {
 		t.Run(mode.order.String(), func(t *testing.T) {
 			t.Parallel()
 			c := newFakeCluster(t, "kills member processes", "in", 4)
-			produce(t, c, "in", n, 100)
+			l := invariant.New(mode.check, int64(n))
+			produce(t, c, "in", n, 100, l.Produced)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			adm := adminClient(t, c)
@@ -222,7 +204,7 @@ func TestExactlyOnceOutputsSurviveKills(t *testing.T) {
 				cmd.Process.Kill()
 				cmd.Wait()
 			}
-			checkOutputs(t, readOutputs(t, c, "out", n, 30*time.Second), n, mode.order, true)
+			checkOutputs(t, l, readOutputs(t, c, "out", n, 30*time.Second), true)
 		})
 	}
 }
@@ -341,7 +323,7 @@ func TestExactlyOnceThroughFaults(t *testing.T) {
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
-			checkOutputs(t, readOutputs(t, c, "out", n, 30*time.Second), n, ByKey, true)
+			checkOutputs(t, l, readOutputs(t, c, "out", n, 30*time.Second), true)
 		})
 	}
 }

@@ -77,6 +77,16 @@ type Report struct {
 	// FirstViolation describes the first order or commit violation, for
 	// the test's failure message; "" when there is none.
 	FirstViolation string
+
+	// Outputs, once a reader's outputs were noted (Output): the produced
+	// records with none, those with more than one (at least once allows
+	// them, exactly once does not), outputs of no produced record, and
+	// outputs of a key seen before those of an earlier record of the key
+	// (per the ledger's Order).
+	OutputsMissing    int64
+	OutputsRepeated   int64
+	OutputsUnexpected int64
+	OutputsOutOfOrder int64
 }
 
 // Check returns an error describing each broken guarantee of a finished
@@ -109,6 +119,30 @@ func (r Report) Check(maxDuplicates int64) error {
 	return fmt.Errorf("%s (%+v)", msg, r.counts())
 }
 
+// CheckOutputs returns an error describing what is wrong with the outputs
+// of a finished run: a produced record with none, an output of no
+// produced record, one out of its key's order, and, when exact, a record
+// with more than one.
+func (r Report) CheckOutputs(exact bool) error {
+	var bad []string
+	if r.OutputsMissing != 0 {
+		bad = append(bad, fmt.Sprintf("%d records without an output", r.OutputsMissing))
+	}
+	if r.OutputsUnexpected != 0 {
+		bad = append(bad, fmt.Sprintf("%d outputs of no produced record", r.OutputsUnexpected))
+	}
+	if r.OutputsOutOfOrder != 0 {
+		bad = append(bad, fmt.Sprintf("%d outputs out of their key's order", r.OutputsOutOfOrder))
+	}
+	if exact && r.OutputsRepeated != 0 {
+		bad = append(bad, fmt.Sprintf("%d records with more than one output (exactly once)", r.OutputsRepeated))
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s (%+v)", strings.Join(bad, ", "), r.counts())
+}
+
 // counts is r without its description, for messages.
 func (r Report) counts() Report { r.FirstViolation = ""; return r }
 
@@ -124,9 +158,11 @@ type Ledger struct {
 	streams  map[sid]*stream // ordered streams, per the Order
 	parts    map[sid]*stream // per partition (key ""), for the commit check
 	rep      Report
-	finished int64    // distinct produced records finished
-	closed   bool     // all is closed
-	waiters  []waiter // Reached channels not closed yet
+	finished int64          // distinct produced records finished
+	closed   bool           // all is closed
+	waiters  []waiter       // Reached channels not closed yet
+	lastOut  map[string]rid // the last first output of each key (Output)
+	outputs  bool           // outputs are counted (ExpectOutputs, Output)
 }
 
 // waiter is a channel to close once n records are finished.
@@ -152,6 +188,7 @@ type state struct {
 	produced bool
 	handled  int32 // successful handlings
 	dead     bool  // dead-lettered at least once
+	outputs  int32 // outputs a reader saw (Output)
 	stream   *stream
 	part     *stream
 }
@@ -300,12 +337,59 @@ func (l *Ledger) Committed(topic string, partition int32, offset int64) {
 	l.violation("commit of %s/%d at %d while %d is unfinished", topic, partition, offset, st.pending[0])
 }
 
+// ExpectOutputs makes Report count the outputs (Output) even when none was
+// noted: every produced record then misses its own.
+func (l *Ledger) ExpectOutputs() {
+	l.mu.Lock()
+	l.outputs = true
+	l.mu.Unlock()
+}
+
+// Output notes an output a reader saw, in the order it saw them, of the
+// record at topic/partition/offset, keyed like it (the outputs of a key
+// share an output partition, so a reader sees them in the order they were
+// written). Report counts the outputs once the reader noted them all.
+func (l *Ledger) Output(topic string, partition int32, offset int64, key []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.outputs = true
+	s := l.records[rid{topic, partition, offset}]
+	if s == nil || !s.produced {
+		l.rep.OutputsUnexpected++
+		return
+	}
+	s.outputs++
+	if s.outputs > 1 || l.order == Unordered {
+		return
+	}
+	if l.lastOut == nil {
+		l.lastOut = make(map[string]rid)
+	}
+	k := string(key)
+	if prev, ok := l.lastOut[k]; ok && prev.topic == topic && prev.partition == partition && prev.offset > offset {
+		l.rep.OutputsOutOfOrder++
+		l.violation("output of %s/%d/%d after that of %d, key %q", topic, partition, offset, prev.offset, key)
+	}
+	l.lastOut[k] = rid{topic, partition, offset}
+}
+
 // Report returns the counts so far.
 func (l *Ledger) Report() Report {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	rep := l.rep
 	rep.Lost = rep.Produced - l.finished
+	if l.outputs {
+		for _, s := range l.records {
+			switch {
+			case !s.produced:
+			case s.outputs == 0:
+				rep.OutputsMissing++
+			case s.outputs > 1:
+				rep.OutputsRepeated++
+			}
+		}
+	}
 	return rep
 }
 

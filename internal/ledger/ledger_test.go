@@ -197,3 +197,28 @@ func TestMaxInWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestLedgerChecksOutputs: outputs are counted per produced record:
+// missing, repeated (an error exactly once, not at least once), of no
+// produced record, and out of their key's order.
+func TestLedgerChecksOutputs(t *testing.T) {
+	l := New(ByKey, 3)
+	for off := range int64(3) {
+		l.Produced(&kgo.Record{Topic: "t", Partition: 0, Offset: off, Key: []byte("k")})
+	}
+	l.Output("t", 0, 0, []byte("k"))
+	l.Output("t", 0, 2, []byte("k"))
+	l.Output("t", 0, 2, []byte("k"))
+	if err := l.Report().CheckOutputs(false); err == nil || !strings.Contains(err.Error(), "1 records without an output") {
+		t.Fatalf("CheckOutputs(at least once) = %v, want offset 1's output missing", err)
+	}
+	l.Output("t", 0, 1, []byte("k")) // after offset 2's: out of order
+	l.Output("t", 0, 9, []byte("k"))
+	rep := l.Report()
+	if rep.OutputsMissing != 0 || rep.OutputsRepeated != 1 || rep.OutputsUnexpected != 1 || rep.OutputsOutOfOrder != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	if err := rep.CheckOutputs(true); err == nil || !strings.Contains(err.Error(), "more than one output") {
+		t.Fatalf("CheckOutputs(exactly once) = %v", err)
+	}
+}
