@@ -61,31 +61,16 @@ func orderOfMeta(mode byte) (Order, bool) {
 }
 
 // String returns "key", "partition" or "unordered".
-func (o Order) String() string {
-	if o >= 0 && int(o) < len(orderNames) {
-		return orderNames[o]
-	}
-	return fmt.Sprintf("Order(%d)", int(o))
-}
+func (o Order) String() string { return enumString(orderNames[:], o, "Order") }
 
 // MarshalText implements encoding.TextMarshaler.
-func (o Order) MarshalText() ([]byte, error) {
-	if o < 0 || int(o) >= len(orderNames) {
-		return nil, fmt.Errorf("kpar: unknown %v", o)
-	}
-	return []byte(orderNames[o]), nil
-}
+func (o Order) MarshalText() ([]byte, error) { return enumMarshal(orderNames[:], o, "Order") }
 
 // UnmarshalText implements encoding.TextUnmarshaler: it accepts "key",
 // "partition" or "unordered".
-func (o *Order) UnmarshalText(b []byte) error {
-	for i, n := range orderNames {
-		if string(b) == n {
-			*o = Order(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("kpar: unknown ordering %q: use key, partition or unordered", b)
+func (o *Order) UnmarshalText(b []byte) (err error) {
+	*o, err = enumParse[Order](orderNames[:], b, "ordering")
+	return err
 }
 
 // Options come in kinds, told apart at compile time as in franz-go, so that

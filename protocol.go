@@ -1,7 +1,5 @@
 package kpar
 
-import "fmt"
-
 // Protocol is a consumer group's rebalance protocol, Kafka's
 // group.protocol. Its text form (String, MarshalText, UnmarshalText) is
 // Kafka's name, "classic" or "consumer", so a flag.TextVar can set it.
@@ -23,31 +21,16 @@ const (
 var protocolNames = [...]string{ClassicProtocol: "classic", ConsumerProtocol: "consumer"}
 
 // String returns "classic" or "consumer".
-func (p Protocol) String() string {
-	if p >= 0 && int(p) < len(protocolNames) {
-		return protocolNames[p]
-	}
-	return fmt.Sprintf("Protocol(%d)", int(p))
-}
+func (p Protocol) String() string { return enumString(protocolNames[:], p, "Protocol") }
 
 // MarshalText implements encoding.TextMarshaler.
-func (p Protocol) MarshalText() ([]byte, error) {
-	if p < 0 || int(p) >= len(protocolNames) {
-		return nil, fmt.Errorf("kpar: unknown %v", p)
-	}
-	return []byte(protocolNames[p]), nil
-}
+func (p Protocol) MarshalText() ([]byte, error) { return enumMarshal(protocolNames[:], p, "Protocol") }
 
 // UnmarshalText implements encoding.TextUnmarshaler: it accepts "classic"
 // or "consumer".
-func (p *Protocol) UnmarshalText(b []byte) error {
-	for i, n := range protocolNames {
-		if string(b) == n {
-			*p = Protocol(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("kpar: unknown group protocol %q: use classic or consumer", b)
+func (p *Protocol) UnmarshalText(b []byte) (err error) {
+	*p, err = enumParse[Protocol](protocolNames[:], b, "group protocol")
+	return err
 }
 
 // GroupProtocol sets the consumer group's rebalance protocol, overriding
