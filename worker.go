@@ -221,12 +221,15 @@ func (e *engine) take(batch []*task) []*task {
 		}
 		ps := t.Value.part
 		if ps.status != live {
-			if ps.status == withdrawing && !e.keepTask(t) {
+			switch {
+			case ps.status != withdrawing:
+				continue // revoked: its new owner handles it
+			case !e.keepTask(t):
 				if next := e.withdraw(t); next != nil {
 					e.ready.Push(next)
 				}
-			}
-			continue // revoked: its new owner handles it
+				continue
+			} // a record the source keeps at shutdown: it runs
 		}
 		if ps.level > 0 {
 			if wait := time.Until(t.Value.x.due); wait > 0 {
