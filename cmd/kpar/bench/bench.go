@@ -42,6 +42,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -108,9 +109,9 @@ type Config struct {
 	// The commits scenario's cells: group sizes (1, 4, 16), handlers
 	// (HandlerNoop, HandlerIO) and CommitIntervals (0 for the library's
 	// default; default: that one only); Steady is each cell's measured
-	// window after a second of warm-up (3s), Kills how many times a member
-	// of each cell is killed and replaced after the window (0: once;
-	// negative: never).
+	// window after a warm-up (3s), Kills how many times a member of each
+	// io cell is killed and replaced after the window (0: once; negative:
+	// never).
 	Members         []int
 	Handlers        []string
 	CommitIntervals []time.Duration
@@ -482,6 +483,9 @@ func (r *runner) dropTopic(t *topic) {
 	defer cancel()
 	if _, err := r.b.adm.DeleteTopics(ctx, t.name); err != nil {
 		r.progressf("deleting %s: %v", t.name, err)
+	}
+	if r.b.kc != nil {
+		debug.FreeOSMemory() // the broker's records were this process's heap
 	}
 }
 
