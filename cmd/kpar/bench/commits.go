@@ -495,7 +495,10 @@ func (c *commitCell) kills(watch *commitWatch, res *Result) error {
 		if err := c.sleep(time.Duration(rand.Int64N(int64(20 * time.Millisecond)))); err != nil {
 			return err
 		}
-		i := k % len(c.members)
+		i, err := c.pickVictim(k)
+		if err != nil {
+			return err
+		}
 		victim := c.members[i]
 		cl := victim.cl.Load()
 		if cl == nil {
@@ -548,6 +551,29 @@ func (c *commitCell) kills(watch *commitWatch, res *Result) error {
 		res.Duplicates = redone + inFlight
 	}
 	return nil
+}
+
+// pickVictim returns the index of the member the k-th kill kills: one of
+// those that handled records in the last 100ms (a member without
+// partitions has nothing to lose), in turn.
+func (c *commitCell) pickVictim(k int) (int, error) {
+	before := make([]int64, len(c.members))
+	for i, m := range c.members {
+		before[i] = m.finished.Load()
+	}
+	if err := c.sleep(100 * time.Millisecond); err != nil {
+		return 0, err
+	}
+	var busy []int
+	for i, m := range c.members {
+		if m.finished.Load() > before[i] {
+			busy = append(busy, i)
+		}
+	}
+	if len(busy) == 0 {
+		return 0, errors.New("no member handled a record in 100ms: nothing to kill")
+	}
+	return busy[k%len(busy)], nil
 }
 
 // commitsTable writes the commits scenario's results as their own table.
