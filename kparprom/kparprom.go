@@ -13,7 +13,8 @@
 //
 // Counters and the latency histogram are updated by the hooks as records
 // finish: handled, failed attempts (by class), retried, dead-lettered (by
-// class), stuck, commits, pauses, rebalances. Per-partition gauges (window
+// class), stuck, commits and the OffsetCommit requests they cost, pauses,
+// rebalances. Per-partition gauges (window
 // start, end and size, finished, in flight, paused, committed offset, high
 // watermark, commit lag, stuck time) are read at scrape time by the
 // collector that PartitionCollector returns, from the Consumer's
@@ -33,6 +34,32 @@
 // captured by a kgo.HookNewClient in ClientOpts: without ClientOpts there is
 // no lag. Until kpar commits a partition in the current assignment, the
 // group's committed offset as the client fetched it on joining is used.
+//
+// # Commit traffic
+//
+// Every member of a consumer group writes its commits to the same
+// __consumer_offsets partition, on the group's coordinator. Three counters,
+// from kpar.HookCommitRequest, say what one member costs it:
+//
+//	<ns>_commit_requests_total           OffsetCommit requests sent (commits, retries with smaller metadata, revokes, the final commit)
+//	<ns>_commit_request_bytes_total      their encoded size, the finished-offsets metadata included
+//	<ns>_commit_request_partitions_total partitions they carried
+//
+// Like the other metrics they describe the one Consumer the Metrics
+// observe: a member is told apart by its scrape target's labels (instance,
+// pod). The rates and ratios are PromQL:
+//
+//	rate(kpar_commit_requests_total[1m])                                    # commit requests/s of each member
+//	sum without (instance, pod) (rate(kpar_commit_requests_total[1m]))     # ... of the whole group, what its coordinator receives
+//	rate(kpar_commit_request_bytes_total[1m])                               # OffsetCommit bytes/s of each member
+//	rate(kpar_commit_request_partitions_total[1m])
+//	  / rate(kpar_commit_requests_total[1m])                                # partitions per commit
+//	rate(kpar_commit_request_bytes_total[1m])
+//	  / rate(kpar_commit_requests_total[1m])                                # bytes per commit
+//
+// A consumer in key mode with a 5 ms handler sends on the order of 170
+// requests a second at the default CommitInterval; BENCHMARKS.md ("Commit
+// traffic") has the figures per group size.
 //
 // # Readiness
 //
@@ -66,6 +93,7 @@ var (
 	_ kpar.HookRecordDone         = (*Metrics)(nil)
 	_ kpar.HookAttemptFailed      = (*Metrics)(nil)
 	_ kpar.HookCommit             = (*Metrics)(nil)
+	_ kpar.HookCommitRequest      = (*Metrics)(nil)
 	_ kpar.HookPartitionPaused    = (*Metrics)(nil)
 	_ kpar.HookPartitionsAssigned = (*Metrics)(nil)
 	_ kpar.HookPartitionsRevoked  = (*Metrics)(nil)
@@ -92,6 +120,9 @@ type Metrics struct {
 	latency      *prometheus.HistogramVec // topic
 	commits      prometheus.Counter
 	commitErrors prometheus.Counter
+	commitReqs   prometheus.Counter
+	commitBytes  prometheus.Counter
+	commitParts  prometheus.Counter
 	pauses       *prometheus.CounterVec // topic
 	assigned     *prometheus.CounterVec // topic
 	revoked      *prometheus.CounterVec // topic
@@ -144,6 +175,9 @@ func New(opts ...Opt) *Metrics {
 	}, []string{"topic"})
 	m.commits = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "commits_total", Help: "Offset commits kpar attempted."})
 	m.commitErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "commit_errors_total", Help: "Offset commits that failed in whole or in part (not counting one cancelled by shutdown)."})
+	m.commitReqs = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "commit_requests_total", Help: "OffsetCommit requests this member sent to its group's coordinator: interval commits, retries with smaller metadata, revokes and the final commit."})
+	m.commitBytes = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "commit_request_bytes_total", Help: "Encoded size of the OffsetCommit requests sent, the finished-offsets metadata included."})
+	m.commitParts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "commit_request_partitions_total", Help: "Partitions the OffsetCommit requests sent carried; over commit_requests_total, the partitions per commit."})
 	m.pauses = counter("partition_pauses_total", "Times a partition's fetching was paused because its window filled.", "topic")
 	m.assigned = counter("partitions_assigned_total", "Partitions assigned to this member.", "topic")
 	m.revoked = counter("partitions_revoked_total", "Partitions revoked from this member after draining and committing them.", "topic")
@@ -160,6 +194,7 @@ func New(opts ...Opt) *Metrics {
 			return 0
 		})
 	c.reg.MustRegister(m.attempts, m.retried, m.handled, m.failed, m.latency, m.commits, m.commitErrors,
+		m.commitReqs, m.commitBytes, m.commitParts,
 		m.pauses, m.assigned, m.revoked, m.lost, m.lagErrors, m.stuck, m.deadLettered, m.deadFailed, readyGauge)
 
 	kopts := append([]kprom.Opt{kprom.Registry(c.reg), kprom.Subsystem("client")}, c.clientOpts...)
@@ -253,6 +288,18 @@ func (m *Metrics) OnCommit(_ map[string]map[int32]int64, err error) {
 	if err != nil && !errors.Is(err, context.Canceled) {
 		m.commitErrors.Inc()
 	}
+}
+
+// OnCommitRequest implements kpar.HookCommitRequest. A commit that never
+// became a request (it failed before kpar built one: no group generation
+// yet, or shutdown) carries no bytes and is not counted.
+func (m *Metrics) OnCommitRequest(partitions, bytes int, _ error) {
+	if bytes <= 0 {
+		return
+	}
+	m.commitReqs.Inc()
+	m.commitBytes.Add(float64(bytes))
+	m.commitParts.Add(float64(partitions))
 }
 
 // OnPartitionPaused implements kpar.HookPartitionPaused.

@@ -79,11 +79,24 @@ pc-volume (the Java parallel consumer's volume test: 10,000 records, one
 partition, 0-5 ms random work, concurrency 100), crash (kill at a commit
 mid-run, restart: lost and duplicated records), share (one partition, noop
 and --latency handlers: kpar-unordered, backfill-1/2/4, kpar-share and
-raw-share, each capped at --time-cap).`, stderr)
+raw-share, each capped at --time-cap), commits (what kpar's commits cost the
+group's coordinator: groups of --members kpar members in key mode, per
+--handler and --commit-interval, at 8, 256 and 1,024 partitions; commits/s,
+OffsetCommit bytes/s and partitions per commit per member, commits/s per
+group, and the duplicates of --kills kills of a member; its own table).
+
+--partitions takes a list: each scenario runs at every count in it (commits
+and memory default to 8,256,1024: memory runs its first backlog at each and
+reports RSS per partition; the others to 8).`, stderr)
 	scenarios := fs.String("scenario", "all", "comma-separated `scenarios` to run: "+strings.Join(bench.Scenarios(), ", ")+", or all")
 	contenders := fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.AllContenders(), ", ")+", or all")
 	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; batch 100000; share 100000); 0 keeps the defaults")
-	partitions := fs.Int("partitions", 8, "partitions of every topic but pc-volume's (always 1)")
+	partitions := fs.String("partitions", "", "comma-separated partition `counts` of every topic but pc-volume's and share's (always 1); each scenario runs at each count (default: 8; commits and memory 8,256,1024)")
+	members := fs.String("members", "1,4,16", "comma-separated group `sizes` of the commits scenario")
+	handlers := fs.String("handler", "noop,io", "comma-separated `handlers` of the commits scenario: noop, io (a --latency sleep)")
+	commitIntervals := fs.String("commit-interval", "default", "comma-separated kpar CommitInterval `durations` of the commits scenario; default is the library's (5ms)")
+	steady := fs.Duration("steady", 3*time.Second, "measured window of each commits cell, after a warm-up (1s; noop 250ms); shorter when the backlog runs low")
+	kills := fs.Int("kills", 1, "how many times each commits cell with the io handler kills a member at a random moment and replaces it, to count the duplicates; 0 for none")
 	valueBytes := fs.Int("value-bytes", 100, "value size of the noop, io, keys, cpu, pc-volume and crash records (memory's are 16 bytes)")
 	latency := fs.Duration("latency", 5*time.Millisecond, "handler latency of the io and keys scenarios (a sleep)")
 	concurrency := fs.Int("concurrency", 256, "concurrency of the io and keys scenarios (noop, cpu, memory and crash use kpar's default 64; pc-volume 100)")
@@ -104,7 +117,8 @@ raw-share, each capped at --time-cap).`, stderr)
 
 	cfg := bench.Config{
 		Records:      *records,
-		Partitions:   *partitions,
+		Steady:       *steady,
+		Kills:        *kills,
 		ValueBytes:   *valueBytes,
 		Latency:      *latency,
 		Concurrency:  *concurrency,
@@ -132,6 +146,32 @@ raw-share, each capped at --time-cap).`, stderr)
 	if cfg.Contenders, err = list(*contenders, bench.AllContenders()); err != nil {
 		return fs.usageError("invalid --contenders %q: %v", *contenders, err)
 	}
+	if strings.TrimSpace(*partitions) != "" {
+		if cfg.PartitionCounts, err = ints(*partitions, 1, 4096); err != nil {
+			return fs.usageError("invalid --partitions %q: %v", *partitions, err)
+		}
+	}
+	if cfg.Members, err = ints(*members, 1, 64); err != nil {
+		return fs.usageError("invalid --members %q: %v", *members, err)
+	}
+	if cfg.Handlers, err = list(*handlers, bench.Handlers()); err != nil {
+		return fs.usageError("invalid --handler %q: %v", *handlers, err)
+	}
+	for _, s := range strings.Split(*commitIntervals, ",") {
+		s = strings.TrimSpace(s)
+		if s == "default" {
+			cfg.CommitIntervals = append(cfg.CommitIntervals, 0)
+			continue
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 || d > 10*time.Second {
+			return fs.usageError("invalid --commit-interval %q: want default or durations from 1ms to 10s, comma-separated", *commitIntervals)
+		}
+		cfg.CommitIntervals = append(cfg.CommitIntervals, d)
+	}
+	if *kills == 0 {
+		cfg.Kills = -1 // none
+	}
 	for _, s := range strings.Split(*backlogs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 100_000_000 {
@@ -144,8 +184,10 @@ raw-share, each capped at --time-cap).`, stderr)
 		return fs.usageError("invalid --records %d: want 0 (the defaults) to 100000000", *records)
 	case *rounds < 1 || *rounds > 99:
 		return fs.usageError("invalid --rounds %d: want 1 to 99", *rounds)
-	case *partitions < 1 || *partitions > 1000:
-		return fs.usageError("invalid --partitions %d: want 1 to 1000", *partitions)
+	case *steady <= 0 || *steady > 10*time.Minute:
+		return fs.usageError("invalid --steady %v: want more than 0, up to 10m", *steady)
+	case *kills < 0 || *kills > 100:
+		return fs.usageError("invalid --kills %d: want 0 to 100", *kills)
 	case *valueBytes < 1 || *valueBytes > 1<<20:
 		return fs.usageError("invalid --value-bytes %d: want 1 to 1048576", *valueBytes)
 	case *latency <= 0 || *latency > 10*time.Second:
@@ -177,6 +219,22 @@ raw-share, each capped at --time-cap).`, stderr)
 		return 1
 	}
 	return 0
+}
+
+// ints parses a comma-separated list of distinct integers from lo to hi,
+// keeping their order.
+func ints(s string, lo, hi int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < lo || n > hi {
+			return nil, fmt.Errorf("want numbers from %d to %d, comma-separated", lo, hi)
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
 
 // list parses a comma-separated list of names from all ("all" for every

@@ -75,6 +75,13 @@ func TestBenchRejectsBadUsage(t *testing.T) {
 		{"bad backlogs", nil, []string{"--backlogs", "1000,lots"}, "--backlogs"},
 		{"zero time cap", nil, []string{"--time-cap", "0s"}, "--time-cap"},
 		{"zero rounds", nil, []string{"--rounds", "0"}, "--rounds"},
+		{"a partition list with a word", nil, []string{"--partitions", "8,many"}, "--partitions"},
+		{"too many partitions", nil, []string{"--partitions", "5000"}, "--partitions"},
+		{"zero members", nil, []string{"--members", "1,0"}, "--members"},
+		{"unknown handler", nil, []string{"--handler", "noop,cpu"}, "--handler"},
+		{"zero commit interval", nil, []string{"--commit-interval", "default,0s"}, "--commit-interval"},
+		{"negative kills", nil, []string{"--kills", "-1"}, "--kills"},
+		{"zero steady window", nil, []string{"--steady", "0s"}, "--steady"},
 		{"not a duration in the environment", map[string]string{"KPAR_CPU_WORK": "fast"}, nil, "KPAR_CPU_WORK"},
 		{"unknown flag", nil, []string{"--turbo"}, "turbo"},
 		{"stray argument", nil, []string{"noop"}, "unexpected argument"},
@@ -91,5 +98,22 @@ func TestBenchRejectsBadUsage(t *testing.T) {
 				t.Errorf("stderr should be one line naming %q, got:\n%s", tc.want, stderr)
 			}
 		})
+	}
+}
+
+// TestBenchCommitsTable runs one small commits cell and reads its table.
+func TestBenchCommitsTable(t *testing.T) {
+	code, stdout, stderr := runBench(t, "--scenario", "commits", "--partitions", "4", "--members", "2", "--handler", "io",
+		"--latency", "1ms", "--concurrency", "16", "--records", "100000", "--steady", "300ms", "--commit-interval", "10ms")
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, stderr)
+	}
+	for _, want := range []string{"| partitions | handler | members | commit interval |", "| 4 | 1ms | 2 | 10ms |"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	if strings.Contains(stdout, "| scenario |") {
+		t.Errorf("the runs table printed for the commits scenario alone:\n%s", stdout)
 	}
 }

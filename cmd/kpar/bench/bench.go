@@ -42,6 +42,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -64,12 +65,12 @@ const (
 	Rate     = "rate"
 	Forward  = "forward"
 	Batch    = "batch"
-	// Share is in share.go.
+	// Share is in share.go, Commits in commits.go.
 )
 
 // Scenarios lists every scenario name.
 func Scenarios() []string {
-	return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash, Adaptive, Rate, Forward, Batch, Share}
+	return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash, Adaptive, Rate, Forward, Batch, Share, Commits}
 }
 
 // Config chooses scenarios and sizes. The zero value of a field means its
@@ -81,13 +82,20 @@ type Config struct {
 	// Records overrides every scenario's record count (not memory's
 	// backlogs): noop 1,000,000; io, keys and cpu 50,000; pc-volume
 	// 10,000; crash 20,000.
-	Records     int
-	Partitions  int           // partitions of noop, io, keys, cpu, memory and crash: 8
-	ValueBytes  int           // value size of noop, io, keys, cpu: 100
-	Latency     time.Duration // io and keys handler latency: 5ms
-	Concurrency int           // io and keys concurrency: 256
-	CPUWork     time.Duration // cpu handler CPU time per record: 50µs
-	Backlogs    []int         // memory backlogs: 10^5, 10^6, 10^7
+	Records    int
+	Partitions int // partitions of noop, io, keys, cpu, memory, crash and the flow scenarios: 8
+	// PartitionCounts, when set, are the partition counts that every
+	// scenario reading Partitions runs at, one after the other, each
+	// result's variant naming its count. Without it the commits scenario
+	// runs at 8, 256 and 1,024 partitions, the memory scenario runs its
+	// first backlog at those counts too (for RSS per partition), and the
+	// others at Partitions.
+	PartitionCounts []int
+	ValueBytes      int           // value size of noop, io, keys, cpu: 100
+	Latency         time.Duration // io and keys handler latency: 5ms
+	Concurrency     int           // io and keys concurrency: 256
+	CPUWork         time.Duration // cpu handler CPU time per record: 50µs
+	Backlogs        []int         // memory backlogs: 10^5, 10^6, 10^7
 	// TimeCap stops a run of io, keys or cpu after this long and rates
 	// the records it handled (sequential contenders would take minutes):
 	// 5s. pc-volume and memory runs always finish.
@@ -97,6 +105,18 @@ type Config struct {
 	// one's median: 3. More rounds make one run's median steadier on a
 	// shared machine, where a single round's rate moves by a fifth.
 	Rounds int
+
+	// The commits scenario's cells: group sizes (1, 4, 16), handlers
+	// (HandlerNoop, HandlerIO) and CommitIntervals (0 for the library's
+	// default; default: that one only); Steady is each cell's measured
+	// window after a warm-up (3s), Kills how many times a member of each
+	// io cell is killed and replaced after the window (0: once; negative:
+	// never).
+	Members         []int
+	Handlers        []string
+	CommitIntervals []time.Duration
+	Steady          time.Duration
+	Kills           int
 
 	// FetchMaxWait, when set, is passed to every contender's client
 	// (kgo.FetchMaxWait; sarama's Consumer.MaxWaitTime) instead of each
@@ -140,6 +160,12 @@ func DefaultConfig() Config {
 		Backlogs:    []int{100_000, 1_000_000, 10_000_000},
 		TimeCap:     5 * time.Second,
 		Rounds:      3,
+
+		Members:         defaultMembers,
+		Handlers:        Handlers(),
+		CommitIntervals: []time.Duration{0},
+		Steady:          3 * time.Second,
+		Kills:           1,
 	}
 }
 
@@ -175,6 +201,42 @@ func (c *Config) fill() {
 	if c.Rounds <= 0 {
 		c.Rounds = d.Rounds
 	}
+	if len(c.PartitionCounts) == 1 {
+		c.Partitions = c.PartitionCounts[0]
+	}
+	c.Members, c.Handlers = orDefault(c.Members, d.Members), orDefault(c.Handlers, d.Handlers)
+	c.CommitIntervals = orDefault(c.CommitIntervals, d.CommitIntervals)
+	if c.Steady <= 0 {
+		c.Steady = d.Steady
+	}
+	switch {
+	case c.Kills == 0:
+		c.Kills = d.Kills
+	case c.Kills < 0:
+		c.Kills = 0
+	}
+}
+
+// orDefault is s, or def when s is empty.
+func orDefault[S ~[]E, E any](s, def S) S {
+	if len(s) == 0 {
+		return def
+	}
+	return s
+}
+
+// partitionsFor is the partition counts scenario s runs at (see
+// PartitionCounts).
+func (c *Config) partitionsFor(s string) []int {
+	switch {
+	case s == PCVolume || s == Share: // one partition, always
+		return []int{1}
+	case len(c.PartitionCounts) > 0:
+		return c.PartitionCounts
+	case s == Commits || s == Memory:
+		return defaultPartitionCounts
+	}
+	return []int{c.Partitions}
 }
 
 func (c *Config) validate() error {
@@ -186,6 +248,11 @@ func (c *Config) validate() error {
 	for _, n := range c.Contenders {
 		if _, ok := contenderNamed(n); !ok {
 			return fmt.Errorf("unknown contender %q: want %s", n, strings.Join(AllContenders(), ", "))
+		}
+	}
+	for _, h := range c.Handlers {
+		if !slices.Contains(Handlers(), h) {
+			return fmt.Errorf("unknown handler %q: want %s", h, strings.Join(Handlers(), ", "))
 		}
 	}
 	return nil
@@ -228,11 +295,17 @@ type Result struct {
 	// (io, keys, pc-volume, crash) and how much longer than asked it was.
 	MeanSleepMs      *float64 `json:"mean_sleep_ms,omitempty"`
 	SleepOvershootMs *float64 `json:"sleep_overshoot_ms,omitempty"`
-	Lost             int64    `json:"lost"`
-	Duplicates       int64    `json:"duplicates"`
-	Capped           bool     `json:"capped,omitempty"`
-	Note             string   `json:"note,omitempty"`
-	Err              string   `json:"error,omitempty"`
+	// RSSPerPartition is the memory scenario's slope of peak RSS over
+	// the partition count, at the first backlog (least squares over the
+	// counts run).
+	RSSPerPartition int64 `json:"rss_per_partition_bytes,omitempty"`
+	// Commits is a commits-scenario cell's figures.
+	Commits    *CommitTraffic `json:"commits,omitempty"`
+	Lost       int64          `json:"lost"`
+	Duplicates int64          `json:"duplicates"`
+	Capped     bool           `json:"capped,omitempty"`
+	Note       string         `json:"note,omitempty"`
+	Err        string         `json:"error,omitempty"`
 }
 
 // Report is a whole Run.
@@ -242,19 +315,26 @@ type Report struct {
 	GoVersion string    `json:"go_version"`
 	CPUs      int       `json:"cpus"`
 	Config    struct {
-		Scenarios    []string `json:"scenarios"`
-		Contenders   []string `json:"contenders"`
-		Records      int      `json:"records,omitempty"`
-		Partitions   int      `json:"partitions"`
-		ValueBytes   int      `json:"value_bytes"`
-		Latency      string   `json:"latency"`
-		Concurrency  int      `json:"concurrency"`
-		CPUWork      string   `json:"cpu_work"`
-		Backlogs     []int    `json:"backlogs"`
-		TimeCap      string   `json:"time_cap"`
-		Rounds       int      `json:"rounds"`
-		FetchMaxWait string   `json:"fetch_max_wait,omitempty"`
-		ChildRSS     bool     `json:"child_rss"`
+		Scenarios  []string `json:"scenarios"`
+		Contenders []string `json:"contenders"`
+		Records    int      `json:"records,omitempty"`
+		Partitions int      `json:"partitions"`
+		// PartitionCounts is Config.PartitionCounts when set.
+		PartitionCounts []int    `json:"partition_counts,omitempty"`
+		Members         []int    `json:"members,omitempty"`
+		Handlers        []string `json:"handlers,omitempty"`
+		CommitIntervals []string `json:"commit_intervals,omitempty"`
+		Steady          string   `json:"steady,omitempty"`
+		Kills           int      `json:"kills,omitempty"`
+		ValueBytes      int      `json:"value_bytes"`
+		Latency         string   `json:"latency"`
+		Concurrency     int      `json:"concurrency"`
+		CPUWork         string   `json:"cpu_work"`
+		Backlogs        []int    `json:"backlogs"`
+		TimeCap         string   `json:"time_cap"`
+		Rounds          int      `json:"rounds"`
+		FetchMaxWait    string   `json:"fetch_max_wait,omitempty"`
+		ChildRSS        bool     `json:"child_rss"`
 	} `json:"config"`
 	Results []Result `json:"results"`
 }
@@ -293,19 +373,43 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.FetchMaxWait > 0 {
 		c.FetchMaxWait = cfg.FetchMaxWait.String()
 	}
+	c.PartitionCounts = cfg.PartitionCounts
+	if slices.Contains(cfg.Scenarios, Commits) {
+		c.Members, c.Handlers, c.Steady, c.Kills = cfg.Members, cfg.Handlers, cfg.Steady.String(), cfg.Kills
+		for _, d := range cfg.CommitIntervals {
+			c.CommitIntervals = append(c.CommitIntervals, intervalName(d))
+		}
+	}
 
 	for _, s := range Scenarios() { // report order, whatever the flag's order
 		if !slices.Contains(cfg.Scenarios, s) {
 			continue
 		}
-		res, err := r.scenario(ctx, s)
-		rep.Results = append(rep.Results, res...)
-		if err != nil {
-			return rep, err
+		// Commits and memory run their partition counts themselves,
+		// pc-volume and share have one partition; the others run once
+		// per count, and say which when it is not the default.
+		counts := []int{cfg.Partitions}
+		perCount := s != Commits && s != Memory && s != PCVolume && s != Share
+		if perCount {
+			counts = cfg.partitionsFor(s)
 		}
-		if ctx.Err() != nil {
-			return rep, ctx.Err()
+		for _, n := range counts {
+			r.cfg.Partitions = n
+			res, err := r.scenario(ctx, s)
+			if perCount && (len(counts) > 1 || n != DefaultConfig().Partitions) {
+				for i := range res {
+					res[i].Variant = join(fmt.Sprintf("%s partitions", commas(int64(n))), res[i].Variant)
+				}
+			}
+			rep.Results = append(rep.Results, res...)
+			if err != nil {
+				return rep, err
+			}
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
 		}
+		r.cfg.Partitions = cfg.Partitions
 	}
 	rep.Seconds = time.Since(rep.Started).Seconds()
 	return rep, nil
@@ -343,10 +447,17 @@ func (r *runner) records(def int) int64 {
 	return int64(def)
 }
 
-// topic creates and loads a topic once per Run.
+// topic creates and loads a topic once per Run; a topic of the same name
+// and another partition count is named name-<partitions>p.
 func (r *runner) topic(ctx context.Context, name string, partitions, keys, valueBytes int, records int64) (*topic, error) {
 	if t, ok := r.topics[name]; ok {
-		return t, nil
+		if t.partitions == partitions {
+			return t, nil
+		}
+		name = fmt.Sprintf("%s-%dp", name, partitions)
+		if t, ok := r.topics[name]; ok {
+			return t, nil
+		}
 	}
 	t, err := r.b.createTopic(ctx, name, partitions, keys, valueBytes)
 	if err != nil {
@@ -364,9 +475,32 @@ func (r *runner) topic(ctx context.Context, name string, partitions, keys, value
 	return t, nil
 }
 
+// dropTopic deletes t from the broker, to free its records, and forgets
+// it; a failure only leaves it there.
+func (r *runner) dropTopic(t *topic) {
+	delete(r.topics, t.name)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := r.b.adm.DeleteTopics(ctx, t.name); err != nil {
+		r.progressf("deleting %s: %v", t.name, err)
+	}
+	if r.b.kc != nil {
+		debug.FreeOSMemory() // the broker's records were this process's heap
+	}
+}
+
+// perPartitionMax bounds the partitions per-partition runs at: it runs a
+// group member, a client of its own, per partition, and a thousand of them
+// take longer to form a group than the runs last.
+const perPartitionMax = 64
+
 func (r *runner) contenders(names ...string) []contender {
 	var cs []contender
 	for _, n := range names {
+		if n == PerPartition && r.cfg.Partitions > perPartitionMax && slices.Contains(r.cfg.Contenders, n) {
+			r.progressf("per-partition skipped at %s partitions (one group member each; it runs at %d or fewer)", commas(int64(r.cfg.Partitions)), perPartitionMax)
+			continue
+		}
 		if slices.Contains(r.cfg.Contenders, n) {
 			c, _ := contenderNamed(n)
 			cs = append(cs, c)
@@ -652,6 +786,8 @@ func (r *runner) scenario(ctx context.Context, s string) ([]Result, error) {
 		return r.batch(ctx)
 	case Share:
 		return r.share(ctx)
+	case Commits:
+		return r.commits(ctx)
 	}
 	return nil, errors.New("unknown scenario " + s)
 }

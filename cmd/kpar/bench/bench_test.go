@@ -128,15 +128,104 @@ func TestCrashShowsNaivePoolLoss(t *testing.T) {
 
 func TestMemoryChildReportsPeakRSS(t *testing.T) {
 	if testing.Short() {
-		t.Skip("spawns a child process")
+		t.Skip("spawns child processes")
 	}
-	cfg := Config{Scenarios: []string{Memory}, Contenders: []string{KparKey}, Backlogs: []int{2000}, Spawn: spawnTestChild}
+	cfg := Config{Scenarios: []string{Memory}, Contenders: []string{KparKey}, Backlogs: []int{2000, 4000},
+		PartitionCounts: []int{2, 16}, Spawn: spawnTestChild}
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Results) != 1 || rep.Results[0].Err != "" || rep.Results[0].PeakRSS <= 0 || rep.Results[0].Records != 2000 {
-		t.Fatalf("%+v", rep.Results)
+	// Both backlogs at 2 partitions, the first again at 16.
+	if len(rep.Results) != 3 {
+		t.Fatalf("%d results, want 3: %+v", len(rep.Results), rep.Results)
+	}
+	for i, want := range []struct {
+		variant string
+		records int64
+	}{{"2 partitions, backlog 2,000", 2000}, {"2 partitions, backlog 4,000", 4000}, {"16 partitions, backlog 2,000", 2000}} {
+		res := rep.Results[i]
+		if res.Err != "" || res.PeakRSS <= 0 || res.Records != want.records || res.Variant != want.variant {
+			t.Errorf("result %d: %+v, want %q with %d records", i, res, want.variant, want.records)
+		}
+		if slope := res.Target == 2000; slope != strings.Contains(res.Note, "RSS per partition") {
+			t.Errorf("result %d: note %q; the slope belongs on the first backlog's rows only", i, res.Note)
+		}
+	}
+}
+
+func TestPerPartitionIsTheSlopeOverPartitionCounts(t *testing.T) {
+	const mib, kib = 1 << 20, 1 << 10
+	out := []Result{
+		{Contender: Raw, Target: 100, PeakRSS: 40 * mib},
+		{Contender: KparKey, Target: 100, PeakRSS: 50 * mib},
+		{Contender: KparKey, Target: 1000, PeakRSS: 90 * mib}, // another backlog: not a point
+		{Contender: Raw, Target: 100, PeakRSS: 40*mib + 1016*kib},
+		{Contender: KparKey, Target: 100, PeakRSS: 50*mib + 1016*3*kib},
+	}
+	parts := []int{8, 8, 8, 1024, 1024}
+	perPartition(out, parts, 100)
+	for i, want := range []int64{kib, 3 * kib, 0, kib, 3 * kib} {
+		if out[i].RSSPerPartition != want {
+			t.Errorf("result %d (%s): %d bytes per partition, want %d", i, out[i].Contender, out[i].RSSPerPartition, want)
+		}
+	}
+}
+
+// TestPartitionCountsRunNoopAtEach runs noop at two partition counts: each
+// count's runs have their own ratio to raw and name their count.
+func TestPartitionCountsRunNoopAtEach(t *testing.T) {
+	cfg := Config{Scenarios: []string{Noop}, Contenders: []string{Raw, KparKey}, Records: 3000, Rounds: 1, PartitionCounts: []int{2, 16}}
+	rep := runSmall(t, cfg)
+	var got []string
+	for _, res := range rep.Results {
+		got = append(got, res.Variant+" "+res.Contender)
+		if res.Err != "" || res.Records != 3000 || res.RatioTo != "raw" {
+			t.Errorf("%s %s: %+v", res.Variant, res.Contender, res)
+		}
+	}
+	want := []string{"2 partitions raw", "2 partitions kpar-key", "16 partitions raw", "16 partitions kpar-key"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("runs %q, want %q", got, want)
+	}
+}
+
+// TestRunSmallCommits runs two small commits cells with a kill each: the
+// hook's counts agree with the broker's, and a kill costs at most the
+// records in flight plus what finished since the last commit.
+func TestRunSmallCommits(t *testing.T) {
+	cfg := Config{Scenarios: []string{Commits}, PartitionCounts: []int{4}, Members: []int{1, 3}, Handlers: []string{HandlerIO},
+		Latency: time.Millisecond, Concurrency: 16, Records: 150_000, Steady: 500 * time.Millisecond, Kills: 1,
+		CommitIntervals: []time.Duration{10 * time.Millisecond}}
+	rep := runSmall(t, cfg)
+	if len(rep.Results) != 2 {
+		t.Fatalf("%d results, want 2: %+v", len(rep.Results), rep.Results)
+	}
+	for _, res := range rep.Results {
+		ct := res.Commits
+		if res.Err != "" || ct == nil {
+			t.Fatalf("%s: %+v", res.Variant, res)
+		}
+		if ct.GroupCommitsPerSec <= 0 || ct.PartitionsPerCommit < 1 || ct.BytesPerCommit <= 0 || ct.CommitRTTMs <= 0 || res.RecordsPerSec <= 0 {
+			t.Errorf("%s: %+v", res.Variant, *ct)
+		}
+		// Every request kpar reported reached the broker; the window's
+		// edges may split one.
+		if d := ct.BrokerCommitsPerSec - ct.GroupCommitsPerSec; d*ct.WindowSeconds > 2 || d*ct.WindowSeconds < -2 {
+			t.Errorf("%s: hook %.1f commits/s, broker %.1f", res.Variant, ct.GroupCommitsPerSec, ct.BrokerCommitsPerSec)
+		}
+		// A 10ms interval at most: 100 a second per member, and a
+		// commit round trip on top.
+		if ct.MaxMemberCommitsPerSec > 110 {
+			t.Errorf("%s: a member sent %.0f commits/s with a 10ms CommitInterval", res.Variant, ct.MaxMemberCommitsPerSec)
+		}
+		if ct.Kills != 1 || ct.InFlightPerKill > 16 || ct.DupsPerKill <= 0 {
+			t.Errorf("%s: kills %+v", res.Variant, *ct)
+		}
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | 1ms | 3 | 10ms |") {
+		t.Errorf("markdown (%v):\n%s", err, md.String())
 	}
 }
 

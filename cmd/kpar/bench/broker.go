@@ -422,19 +422,7 @@ func (b *broker) crashAtCommit(group string, kill func()) *crashPoint {
 			return nil, nil, false
 		case 1:
 			b.kc.KeepControl()
-			resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
-			for _, rt := range req.Topics {
-				st := kmsg.NewOffsetCommitResponseTopic()
-				st.Topic = rt.Topic
-				for _, rp := range rt.Partitions {
-					sp := kmsg.NewOffsetCommitResponseTopicPartition()
-					sp.Partition = rp.Partition
-					sp.ErrorCode = kerr.InvalidCommitOffsetSize.Code
-					st.Partitions = append(st.Partitions, sp)
-				}
-				resp.Topics = append(resp.Topics, st)
-			}
-			return resp, nil, true
+			return refuseCommit(req), nil, true
 		default:
 			return nil, nil, false
 		}
@@ -443,3 +431,69 @@ func (b *broker) crashAtCommit(group string, kill func()) *crashPoint {
 }
 
 func (cp *crashPoint) restart() { cp.state.Store(2) }
+
+// refuseCommit answers req with an error on every partition, so that none
+// of it is applied: the commit of a consumer that counts as dead.
+func refuseCommit(req *kmsg.OffsetCommitRequest) *kmsg.OffsetCommitResponse {
+	resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+	for _, rt := range req.Topics {
+		st := kmsg.NewOffsetCommitResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewOffsetCommitResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = kerr.InvalidCommitOffsetSize.Code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}
+
+// commitWatch counts the OffsetCommit requests of one group as the broker
+// receives them, with their size at the version they were sent with, and
+// refuses those of the members it was told are dead (commits scenario).
+type commitWatch struct {
+	group     string
+	requests  atomic.Int64
+	wireBytes atomic.Int64
+	stopped   atomic.Bool
+
+	mu   sync.Mutex      // guards dead
+	dead map[string]bool // member IDs whose commits are refused
+}
+
+func (b *broker) watchCommits(group string) *commitWatch {
+	w := &commitWatch{group: group, dead: map[string]bool{}}
+	b.kc.ControlKey(int16(kmsg.OffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		if w.stopped.Load() {
+			b.kc.DropControl()
+			return nil, nil, false
+		}
+		req := kr.(*kmsg.OffsetCommitRequest)
+		if req.Group != w.group {
+			return nil, nil, false // not handled: the control stays
+		}
+		w.requests.Add(1)
+		w.wireBytes.Add(int64(len(req.AppendTo(nil))))
+		w.mu.Lock()
+		dead := w.dead[req.MemberID]
+		w.mu.Unlock()
+		if !dead {
+			return nil, nil, false
+		}
+		b.kc.KeepControl()
+		return refuseCommit(req), nil, true
+	})
+	return w
+}
+
+// kill refuses every later commit of member.
+func (w *commitWatch) kill(member string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dead[member] = true
+}
+
+// stop drops the watch at the next commit any group sends.
+func (w *commitWatch) stop() { w.stopped.Store(true) }

@@ -21,7 +21,7 @@ type env struct {
 	partitions  int
 	concurrency int
 	// commitEvery is kpar's CommitInterval and naive-pool's commit
-	// period; 0 keeps kpar's default (1s) and uses 1s for naive-pool.
+	// period; 0 keeps kpar's default (5ms) and uses 1s for naive-pool.
 	commitEvery time.Duration
 	handle      func(ctx context.Context, r *kgo.Record) error
 	// kgoOpts go to every franz-go client of the run (the latency stamp

@@ -25,41 +25,57 @@ func (r *runner) memory(ctx context.Context) ([]Result, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
-	t, err := r.b.createTopic(ctx, "memory", r.cfg.Partitions, 100_000, memoryValueBytes)
-	if err != nil {
-		return nil, err
-	}
-	var out []Result
-	for _, backlog := range r.cfg.Backlogs {
-		// Grow the topic to the backlog; each run's fresh group starts
-		// at offset 0 and so faces all of it.
-		if more := int64(backlog) - t.total; more > 0 {
-			start := time.Now()
-			if err := r.b.load(ctx, t, more); err != nil {
-				return out, err
-			}
-			r.progressf("loaded memory: %s records in %s", commas(t.total), time.Since(start).Round(time.Millisecond))
+	// Every backlog at the first partition count; the first backlog
+	// again at each further count, for the slope of memory over
+	// partitions.
+	counts := r.cfg.partitionsFor(Memory)
+	var (
+		out   []Result
+		parts []int // out[i]'s partition count
+	)
+	for ci, n := range counts {
+		t, err := r.b.createTopic(ctx, fmt.Sprintf("memory-%dp", n), n, 100_000, memoryValueBytes)
+		if err != nil {
+			return out, err
 		}
-		variant := fmt.Sprintf("backlog %s", commas(t.total))
-		for _, c := range cs {
-			var res Result
-			if r.cfg.Spawn != nil {
-				res = r.measureChild(ctx, c, t, variant)
-			} else {
-				res = r.measureHeap(ctx, c, t, variant)
+		backlogs := r.cfg.Backlogs
+		if ci > 0 {
+			backlogs = backlogs[:1]
+		}
+		for _, backlog := range backlogs {
+			// Grow the topic to the backlog; each run's fresh group
+			// starts at offset 0 and so faces all of it.
+			if more := int64(backlog) - t.total; more > 0 {
+				start := time.Now()
+				if err := r.b.load(ctx, t, more); err != nil {
+					return out, err
+				}
+				r.progressf("loaded %s: %s records in %s", t.name, commas(t.total), time.Since(start).Round(time.Millisecond))
 			}
-			out = append(out, res)
-			if ctx.Err() != nil {
-				return out, ctx.Err()
+			variant := fmt.Sprintf("backlog %s", commas(t.total))
+			if len(counts) > 1 || n != DefaultConfig().Partitions {
+				variant = fmt.Sprintf("%s partitions, %s", commas(int64(n)), variant)
+			}
+			for _, c := range cs {
+				var res Result
+				if r.cfg.Spawn != nil {
+					res = r.measureChild(ctx, c, t, variant)
+				} else {
+					res = r.measureHeap(ctx, c, t, variant)
+				}
+				out, parts = append(out, res), append(parts, n)
+				if ctx.Err() != nil {
+					return out, ctx.Err()
+				}
 			}
 		}
 	}
-	// Ratio to the smallest backlog, per contender.
+	// Ratio to the smallest backlog, per contender and partition count.
 	for i := range out {
 		res := &out[i]
 		for j := range out {
 			first := &out[j]
-			if first.Contender != res.Contender || first.Err != "" {
+			if first.Contender != res.Contender || parts[j] != parts[i] || first.Err != "" {
 				continue
 			}
 			switch {
@@ -71,7 +87,62 @@ func (r *runner) memory(ctx context.Context) ([]Result, error) {
 			break
 		}
 	}
+	if len(counts) > 1 {
+		perPartition(out, parts, r.cfg.Backlogs[0])
+	}
 	return out, nil
+}
+
+// perPartition sets, on each contender's runs at the first backlog, the
+// least-squares slope of peak RSS (of peak heap in process) over the
+// partition count.
+func perPartition(out []Result, parts []int, backlog int) {
+	type point struct{ x, y float64 }
+	pts := map[string][]point{}
+	rows := map[string][]int{}
+	for i, res := range out {
+		if res.Err != "" || res.Target != int64(backlog) {
+			continue
+		}
+		y := res.PeakRSS
+		if y <= 0 {
+			y = res.PeakHeap
+		}
+		pts[res.Contender] = append(pts[res.Contender], point{float64(parts[i]), float64(y)})
+		rows[res.Contender] = append(rows[res.Contender], i)
+	}
+	for c, ps := range pts {
+		if len(ps) < 2 {
+			continue
+		}
+		var mx, my float64
+		for _, p := range ps {
+			mx += p.x
+			my += p.y
+		}
+		mx, my = mx/float64(len(ps)), my/float64(len(ps))
+		var sxy, sxx float64
+		for _, p := range ps {
+			sxy += (p.x - mx) * (p.y - my)
+			sxx += (p.x - mx) * (p.x - mx)
+		}
+		if sxx == 0 {
+			continue
+		}
+		slope := sxy / sxx
+		what := "RSS"
+		if out[rows[c][0]].PeakRSS <= 0 {
+			what = "heap"
+		}
+		note := fmt.Sprintf("%s per partition %.1f KiB (slope over %s–%s partitions at backlog %s)",
+			what, slope/1024, commas(int64(ps[0].x)), commas(int64(ps[len(ps)-1].x)), commas(int64(backlog)))
+		for _, i := range rows[c] {
+			if what == "RSS" {
+				out[i].RSSPerPartition = int64(slope)
+			}
+			out[i].Note = join(out[i].Note, note)
+		}
+	}
 }
 
 // measureHeap is the in-process fallback: peak heap only (RSS would

@@ -15,12 +15,35 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-// WriteMarkdown writes the report as a Markdown table, one row per run.
+// WriteMarkdown writes the report as a Markdown table, one row per run;
+// the commits scenario's cells follow in a table of their own.
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
+	var runs, commits []Result
+	for _, res := range r.Results {
+		if res.Scenario == Commits {
+			commits = append(commits, res)
+		} else {
+			runs = append(runs, res)
+		}
+	}
+	if len(runs) > 0 {
+		runsTable(&b, runs)
+	}
+	if len(commits) > 0 {
+		if len(runs) > 0 {
+			b.WriteString("\n")
+		}
+		commitsTable(&b, commits)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func runsTable(b *strings.Builder, rs []Result) {
 	b.WriteString("| scenario | variant | contender | records | records/s | ratio | p50 | p99 | peak RSS | peak heap | lost | dups | note |\n")
 	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
-	for _, res := range r.Results {
+	for _, res := range rs {
 		rate := "-"
 		if res.RecordsPerSec > 0 && res.Scenario != Crash {
 			rate = commas(int64(res.RecordsPerSec))
@@ -33,13 +56,11 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		if res.Err != "" {
 			note = join("**error**: "+res.Err, note)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			res.Scenario, dash(res.Variant), res.Contender, commas(res.Records), rate, ratio,
 			msCell(res.P50Ms), msCell(res.P99Ms), mib(res.PeakRSS), mib(res.PeakHeap),
 			commas(res.Lost), commas(res.Duplicates), strings.ReplaceAll(note, "|", "\\|"))
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
 func dash(s string) string {

@@ -122,23 +122,71 @@ func (t *tracker) distinct() int64 {
 			n += p.count.Load()
 			continue
 		}
-		for p.full < len(p.bits) {
-			want := ^uint64(0)
-			if p.full == len(p.bits)-1 && p.end%64 != 0 {
-				want = 1<<(p.end%64) - 1
-			}
-			if p.bits[p.full].Load() != want {
-				break
-			}
-			p.fullN += int64(bits.OnesCount64(want))
-			p.full++
-		}
+		p.advance()
 		n += p.fullN
 		for w := p.full; w < len(p.bits); w++ {
 			n += int64(bits.OnesCount64(p.bits[w].Load()))
 		}
 	}
 	return n
+}
+
+// advance moves full past the words that are all ones now. Owned by the
+// goroutine that calls distinct.
+func (p *partTrack) advance() {
+	for p.full < len(p.bits) {
+		want := ^uint64(0)
+		if p.full == len(p.bits)-1 && p.end%64 != 0 {
+			want = 1<<(p.end%64) - 1
+		}
+		if p.bits[p.full].Load() != want {
+			break
+		}
+		p.fullN += int64(bits.OnesCount64(want))
+		p.full++
+	}
+}
+
+// highest returns each partition's highest offset handled so far, -1 for
+// none (exact trackers only).
+func (t *tracker) highest() []int64 {
+	hi := make([]int64, len(t.parts))
+	for i := range t.parts {
+		p := &t.parts[i]
+		hi[i] = -1
+		for w := len(p.bits) - 1; w >= 0; w-- {
+			if v := p.bits[w].Load(); v != 0 {
+				hi[i] = int64(w)*64 + int64(63-bits.LeadingZeros64(v))
+				break
+			}
+		}
+	}
+	return hi
+}
+
+// handledThrough reports whether every offset of every partition p up to
+// upto[p] was handled (exact trackers only). Like distinct, one goroutine
+// calls it.
+func (t *tracker) handledThrough(upto []int64) bool {
+	for i := range t.parts {
+		p := &t.parts[i]
+		if upto[i] < 0 {
+			continue
+		}
+		p.advance()
+		w := upto[i] >> 6
+		if int64(p.full) > w {
+			continue
+		}
+		if int64(p.full) < w {
+			return false
+		}
+		want := ^uint64(0) >> (63 - upto[i]&63) // bits 0 to upto's
+		if p.bits[w].Load()&want != want {
+			return false
+		}
+	}
+	return true
 }
 
 // percentiles returns the p50 and p99 of the sampled latencies, and false
