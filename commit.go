@@ -161,7 +161,11 @@ func (g *groupSource) commitParts(ctx context.Context, todo []commitPart) ([]*pa
 			}
 		}
 		if len(e.hooks.commitReq) > 0 {
-			reqBytes = len(req.AppendTo(nil))
+			// The version is chosen when the request is sent; size it
+			// as v9, the flexible form Kafka 2.8 to 4.x brokers take.
+			sized := *req
+			sized.Version = 9
+			reqBytes = len(sized.AppendTo(nil))
 		}
 		return nil
 	})

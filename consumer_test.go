@@ -480,6 +480,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"tiny byte budget", append(base, MaxBufferedBytes(10)), "MaxBufferedBytes(10)"},
 		{"zero commit interval", append(base, CommitInterval(0)), "CommitInterval(0s)"},
 		{"zero shutdown timeout", append(base, ShutdownTimeout(0)), "ShutdownTimeout(0s)"},
+		{"negative commit budget", append(base, CommitBudget(-1)), "CommitBudget(-1) out of range"},
 		{"zero revoke timeout", append(base, RevokeTimeout(0)), "RevokeTimeout(0s)"},
 		{"backoff max below base", append(base, RetryBackoff(time.Second, time.Millisecond)), "RetryBackoff(1s, 1ms)"},
 		{"zero attempts", append(base, MaxAttempts(0)), "MaxAttempts(0)"},
@@ -548,8 +549,10 @@ func TestOptionKinds(t *testing.T) {
 		"Ordering": {Ordering(ByKey), consumer}, "BatchSize": {BatchSize(1), consumer},
 		"CommitInterval": {CommitInterval(1), consumer}, "CommitMetadataBytes": {CommitMetadataBytes(1), consumer},
 		"RevokeTimeout": {RevokeTimeout(1), consumer}, "RetryTopics": {RetryTopics(), consumer},
-		"ShareGroup": {ShareGroup("s"), consumer},
-		"Readers":    {Readers(1), backfill}, "ProgressFile": {ProgressFile("f"), backfill},
+		"ShareGroup": {ShareGroup("s"), consumer}, "CommitBudget": {CommitBudget(1), consumer},
+		"GroupProtocol": {GroupProtocol(ConsumerProtocol), group}, "Outputs": {Outputs(), flow},
+		"ExactlyOnce": {ExactlyOnce(), consumer}, "TransactionalID": {TransactionalID("t"), consumer},
+		"Readers": {Readers(1), backfill}, "ProgressFile": {ProgressFile("f"), backfill},
 		"ProgressInterval": {ProgressInterval(1), backfill},
 	} {
 		got := 0

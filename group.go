@@ -35,6 +35,13 @@ type groupSource struct {
 	// ids caches topic IDs for transactional commits (txn.go).
 	idMu sync.Mutex
 	ids  map[string][16]byte
+	// budgetSpacing is the spacing between commits the member's share of
+	// the group's CommitBudget asks for, in nanoseconds (budget.go).
+	budgetSpacing atomic.Int64
+	// shareStale asks the settler to learn the member's share again: the
+	// assignment changed. The rebalance callbacks only set it, so that no
+	// metadata request delays a rebalance.
+	shareStale atomic.Bool
 }
 
 func newGroupSource(e *engine) *groupSource {
@@ -63,9 +70,18 @@ func (g *groupSource) open(ctx context.Context) error {
 	return nil
 }
 
-func (g *groupSource) settle(ctx context.Context) error { return g.commit(ctx, nil) }
+func (g *groupSource) settle(ctx context.Context) error {
+	if g.shareStale.Swap(false) {
+		g.share(ctx)
+	}
+	return g.commit(ctx, nil)
+}
 
-func (g *groupSource) settleEvery() time.Duration { return g.e.cfg.commitInterval }
+// settleEvery is CommitInterval, or longer while the member's share of
+// the group's commit budget asks for more (budget.go).
+func (g *groupSource) settleEvery() time.Duration {
+	return max(g.e.cfg.commitInterval, time.Duration(g.budgetSpacing.Load()))
+}
 
 func (g *groupSource) pause(ps *partState, paused bool) {
 	parts := map[string][]int32{ps.topic: {ps.partition}}

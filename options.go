@@ -3,6 +3,7 @@ package kpar
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"time"
 
@@ -178,6 +179,7 @@ type cfg struct {
 	windowRecords       int
 	maxBytes            int64
 	commitInterval      time.Duration
+	commitBudget        float64 // CommitBudget (budget.go); 0 for none
 	commitMetadataBytes int
 	instanceID          string
 	adaptive            bool
@@ -215,6 +217,7 @@ type cfg struct {
 const (
 	setCommitMetadataBytes = 1 << iota
 	setRevokeTimeout
+	setCommitBudget
 )
 
 func defaultCfg() cfg {
@@ -225,6 +228,7 @@ func defaultCfg() cfg {
 		windowRecords:       1000,
 		maxBytes:            64 << 20,
 		commitInterval:      defaultCommitInterval,
+		commitBudget:        defaultCommitBudget,
 		commitMetadataBytes: offsetmeta.MaxBytes,
 		shutdownTimeout:     30 * time.Second,
 		revokeTimeout:       10 * time.Second,
@@ -488,6 +492,8 @@ func (c *cfg) validate() error {
 		return fmt.Errorf("kpar: WindowRecords(%d) is smaller than BatchSize(%d): a batch must fit in the window", c.windowRecords, c.batchSize)
 	case c.maxBytes < 1<<10:
 		return fmt.Errorf("kpar: MaxBufferedBytes(%d) out of range: want 1024 or more", c.maxBytes)
+	case !(c.commitBudget >= 0) || math.IsInf(c.commitBudget, 1):
+		return fmt.Errorf("kpar: CommitBudget(%v) out of range: want commits a second above 0, or 0 for no budget", c.commitBudget)
 	case c.commitInterval <= 0:
 		return fmt.Errorf("kpar: CommitInterval(%v) out of range: want more than 0", c.commitInterval)
 	case c.commitMetadataBytes < 0 || c.commitMetadataBytes > 1<<20:

@@ -49,6 +49,7 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 		}
 	}
 	e.mu.Unlock()
+	g.shareStale.Store(true)
 	if len(assigned) > 0 {
 		// An empty assignment (an idle member, or a rebalance that moved
 		// nothing here) still reaches the hooks: readiness counts it.
@@ -113,6 +114,7 @@ wait:
 		e.dropLocked(s)
 	}
 	e.mu.Unlock()
+	g.shareStale.Store(true)
 	e.log.Info("kpar: partitions revoked", "revoked", revoked)
 	for _, h := range e.hooks.revoked {
 		h.OnPartitionsRevoked(revoked, false)
@@ -135,6 +137,7 @@ func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][
 	if len(lost) == 0 {
 		return // kgo reports an empty loss on every group error while the brokers are down
 	}
+	g.shareStale.Store(true)
 	e.log.Warn("kpar: partitions lost: dropped without a commit; their new owner handles their unfinished records", "lost", lost)
 	for _, h := range e.hooks.revoked {
 		h.OnPartitionsRevoked(lost, true)

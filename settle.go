@@ -34,13 +34,13 @@ func (e *engine) settler(ctx context.Context) {
 		last  time.Time
 		fails int
 	)
-	every := e.src.settleEvery()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-e.commitWake:
 		}
+		every := e.src.settleEvery() // a group member's follows its share of the group
 		spacing := every
 		if fails > 0 {
 			spacing = min(max(every, time.Millisecond)<<min(fails, 20), 5*time.Second)

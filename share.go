@@ -138,6 +138,8 @@ func (c *cfg) validateShare() error {
 		return errors.New("kpar: InstanceID is not supported with ShareGroup: share groups have no static membership; leave it out")
 	case c.explicit&setCommitMetadataBytes != 0:
 		return errors.New("kpar: CommitMetadataBytes is not supported with ShareGroup: a share group commits no offsets, each record is acknowledged; leave it out")
+	case c.explicit&setCommitBudget != 0:
+		return errors.New("kpar: CommitBudget is not supported with ShareGroup: a share group commits no offsets, each record is acknowledged; leave it out")
 	case c.explicit&setRevokeTimeout != 0:
 		return errors.New("kpar: RevokeTimeout is not supported with ShareGroup: share groups revoke no partitions, records go back when their locks expire; leave it out")
 	}

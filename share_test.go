@@ -129,6 +129,7 @@ func TestShareOptionsRejectWhatShareGroupsCannotKeep(t *testing.T) {
 		{"instance id", InstanceID("i"), "no static membership"},
 		{"commit metadata", CommitMetadataBytes(100), "CommitMetadataBytes is not supported with ShareGroup"},
 		{"revoke timeout", RevokeTimeout(time.Second), "RevokeTimeout is not supported with ShareGroup"},
+		{"commit budget", CommitBudget(100), "CommitBudget is not supported with ShareGroup"},
 		{"client share group", ClientOptions(kgo.ShareGroup("x")), "use kpar.ShareGroup"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -81,7 +81,7 @@ mid-run, restart: lost and duplicated records), share (one partition, noop
 and --latency handlers: kpar-unordered, backfill-1/2/4, kpar-share and
 raw-share, each capped at --time-cap), commits (what kpar's commits cost the
 group's coordinator: groups of --members kpar members in key mode, per
---handler and --commit-interval, at 8, 256 and 1,024 partitions; commits/s,
+--handler, --commit-interval and --commit-budget, at 8, 256 and 1,024 partitions; commits/s,
 OffsetCommit bytes/s and partitions per commit per member, commits/s per
 group, and the duplicates of --kills kills of a member; its own table).
 
@@ -95,6 +95,7 @@ reports RSS per partition; the others to 8).`, stderr)
 	members := fs.String("members", "1,4,16", "comma-separated group `sizes` of the commits scenario")
 	handlers := fs.String("handler", "noop,io", "comma-separated `handlers` of the commits scenario: noop, io (a --latency sleep)")
 	commitIntervals := fs.String("commit-interval", "default", "comma-separated kpar CommitInterval `durations` of the commits scenario; default is the library's (5ms)")
+	commitBudgets := fs.String("commit-budget", "default", "comma-separated kpar CommitBudget values of the commits scenario, in group `commits/s`; default is the library's (1000), 0 none")
 	steady := fs.Duration("steady", 3*time.Second, "measured window of each commits cell, after a warm-up (1s; noop 250ms); shorter when the backlog runs low")
 	kills := fs.Int("kills", 1, "how many times each commits cell with the io handler kills a member at a random moment and replaces it, to count the duplicates; 0 for none")
 	valueBytes := fs.Int("value-bytes", 100, "value size of the noop, io, keys, cpu, pc-volume and crash records (memory's are 16 bytes)")
@@ -168,6 +169,18 @@ reports RSS per partition; the others to 8).`, stderr)
 			return fs.usageError("invalid --commit-interval %q: want default or durations from 1ms to 10s, comma-separated", *commitIntervals)
 		}
 		cfg.CommitIntervals = append(cfg.CommitIntervals, d)
+	}
+	for _, s := range strings.Split(*commitBudgets, ",") {
+		s = strings.TrimSpace(s)
+		if s == "default" {
+			cfg.CommitBudgets = append(cfg.CommitBudgets, -1)
+			continue
+		}
+		b, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(b >= 0) || b > 1e6 {
+			return fs.usageError("invalid --commit-budget %q: want default, 0 or commits a second up to 1000000, comma-separated", *commitBudgets)
+		}
+		cfg.CommitBudgets = append(cfg.CommitBudgets, b)
 	}
 	if *kills == 0 {
 		cfg.Kills = -1 // none

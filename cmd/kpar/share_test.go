@@ -212,6 +212,7 @@ func TestForwardShareGroupFlagsAreExclusive(t *testing.T) {
 		{[]string{"--ordering", "partition"}, "--ordering key"},
 		{[]string{"--instance-id", "i"}, "no static membership"},
 		{[]string{"--retry-topics", "1s"}, "--retry-topics with --share-group"},
+		{[]string{"--commit-budget", "10"}, "--commit-budget with --share-group"},
 	} {
 		t.Run(strings.TrimPrefix(tc.extra[0], "--"), func(t *testing.T) {
 			p := startForward(ctx, t, bin, nil, append(slices.Clone(base), tc.extra...)...)

@@ -112,9 +112,13 @@ type Config struct {
 	// window after a warm-up (3s), Kills how many times a member of each
 	// io cell is killed and replaced after the window (0: once; negative:
 	// never).
+	// CommitBudgets are the group's kpar.CommitBudget of each cell:
+	// negative for the library's default (default: that one only), 0 for
+	// none.
 	Members         []int
 	Handlers        []string
 	CommitIntervals []time.Duration
+	CommitBudgets   []float64
 	Steady          time.Duration
 	Kills           int
 
@@ -164,6 +168,7 @@ func DefaultConfig() Config {
 		Members:         defaultMembers,
 		Handlers:        Handlers(),
 		CommitIntervals: []time.Duration{0},
+		CommitBudgets:   []float64{-1},
 		Steady:          3 * time.Second,
 		Kills:           1,
 	}
@@ -206,6 +211,7 @@ func (c *Config) fill() {
 	}
 	c.Members, c.Handlers = orDefault(c.Members, d.Members), orDefault(c.Handlers, d.Handlers)
 	c.CommitIntervals = orDefault(c.CommitIntervals, d.CommitIntervals)
+	c.CommitBudgets = orDefault(c.CommitBudgets, d.CommitBudgets)
 	if c.Steady <= 0 {
 		c.Steady = d.Steady
 	}
@@ -324,6 +330,7 @@ type Report struct {
 		Members         []int    `json:"members,omitempty"`
 		Handlers        []string `json:"handlers,omitempty"`
 		CommitIntervals []string `json:"commit_intervals,omitempty"`
+		CommitBudgets   []string `json:"commit_budgets,omitempty"`
 		Steady          string   `json:"steady,omitempty"`
 		Kills           int      `json:"kills,omitempty"`
 		ValueBytes      int      `json:"value_bytes"`
@@ -378,6 +385,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		c.Members, c.Handlers, c.Steady, c.Kills = cfg.Members, cfg.Handlers, cfg.Steady.String(), cfg.Kills
 		for _, d := range cfg.CommitIntervals {
 			c.CommitIntervals = append(c.CommitIntervals, intervalName(d))
+		}
+		for _, b := range cfg.CommitBudgets {
+			c.CommitBudgets = append(c.CommitBudgets, budgetName(b))
 		}
 	}
 

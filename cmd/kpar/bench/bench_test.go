@@ -190,16 +190,18 @@ func TestPartitionCountsRunNoopAtEach(t *testing.T) {
 	}
 }
 
-// TestRunSmallCommits runs two small commits cells with a kill each: the
-// hook's counts agree with the broker's, and a kill costs at most the
-// records in flight plus what finished since the last commit.
+// TestRunSmallCommits runs small commits cells with a kill each, under
+// the default group budget and one of 20 commits a second: the hook's
+// counts agree with the broker's, a budget bounds the group's commits, and
+// a kill costs at most the records in flight plus what finished since the
+// last commit.
 func TestRunSmallCommits(t *testing.T) {
 	cfg := Config{Scenarios: []string{Commits}, PartitionCounts: []int{4}, Members: []int{1, 3}, Handlers: []string{HandlerIO},
 		Latency: time.Millisecond, Concurrency: 16, Records: 150_000, Steady: 500 * time.Millisecond, Kills: 1,
-		CommitIntervals: []time.Duration{10 * time.Millisecond}}
+		CommitIntervals: []time.Duration{10 * time.Millisecond}, CommitBudgets: []float64{-1, 20}}
 	rep := runSmall(t, cfg)
-	if len(rep.Results) != 2 {
-		t.Fatalf("%d results, want 2: %+v", len(rep.Results), rep.Results)
+	if len(rep.Results) != 4 {
+		t.Fatalf("%d results, want 4: %+v", len(rep.Results), rep.Results)
 	}
 	for _, res := range rep.Results {
 		ct := res.Commits
@@ -219,12 +221,17 @@ func TestRunSmallCommits(t *testing.T) {
 		if ct.MaxMemberCommitsPerSec > 110 {
 			t.Errorf("%s: a member sent %.0f commits/s with a 10ms CommitInterval", res.Variant, ct.MaxMemberCommitsPerSec)
 		}
+		// 20 a second for the group; a short window's edges and a
+		// commit at each member's first settle may add a few.
+		if ct.CommitBudget == "20/s" && ct.GroupCommitsPerSec > 32 {
+			t.Errorf("%s: the group sent %.0f commits/s within a budget of 20", res.Variant, ct.GroupCommitsPerSec)
+		}
 		if ct.Kills != 1 || ct.InFlightPerKill > 16 || ct.DupsPerKill <= 0 {
 			t.Errorf("%s: kills %+v", res.Variant, *ct)
 		}
 	}
 	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | 1ms | 3 | 10ms |") {
+	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | 1ms | 3 | 10ms (20/s) |") {
 		t.Errorf("markdown (%v):\n%s", err, md.String())
 	}
 }

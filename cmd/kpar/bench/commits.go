@@ -82,8 +82,10 @@ type CommitTraffic struct {
 	Partitions int    `json:"partitions"`
 	Members    int    `json:"members"`
 	Handler    string `json:"handler"` // noop, or the io handler's latency
-	// CommitInterval is kpar.CommitInterval, "default" for the library's.
+	// CommitInterval is kpar.CommitInterval, "default" for the library's;
+	// CommitBudget is kpar.CommitBudget: "default", "off" or "N/s".
 	CommitInterval string  `json:"commit_interval"`
+	CommitBudget   string  `json:"commit_budget"`
 	WindowSeconds  float64 `json:"window_seconds"`
 	// Active is how many members committed in the window (a member
 	// without partitions sends nothing, nor one whose commits wait).
@@ -131,9 +133,11 @@ func (r *runner) commits(ctx context.Context) ([]Result, error) {
 				return out, err
 			}
 			for _, iv := range r.cfg.CommitIntervals {
-				for _, m := range r.cfg.Members {
-					if ctx.Err() == nil {
-						out = append(out, r.commitsCell(ctx, t, m, h, iv))
+				for _, budget := range r.cfg.CommitBudgets {
+					for _, m := range r.cfg.Members {
+						if ctx.Err() == nil {
+							out = append(out, r.commitsCell(ctx, t, m, h, iv, budget))
+						}
 					}
 				}
 			}
@@ -155,6 +159,17 @@ func intervalName(d time.Duration) string {
 		return "default"
 	}
 	return d.String()
+}
+
+// budgetName names a CommitBudget, negative being the library's default.
+func budgetName(perSecond float64) string {
+	switch {
+	case perSecond < 0:
+		return "default"
+	case perSecond == 0:
+		return "off"
+	}
+	return fmt.Sprintf("%g/s", perSecond)
 }
 
 // commitMember is one member of a cell's group.
@@ -223,6 +238,7 @@ type commitCell struct {
 	e        *env
 	work     work
 	interval time.Duration
+	budget   float64 // negative: the library's default
 	members  []*commitMember
 	// failed receives the error of a member that stopped on its own.
 	failed chan error
@@ -242,6 +258,9 @@ func (c *commitCell) start() (*commitMember, error) {
 	}
 	if c.interval > 0 {
 		opts = append(opts, kpar.CommitInterval(c.interval))
+	}
+	if c.budget >= 0 {
+		opts = append(opts, kpar.CommitBudget(c.budget))
 	}
 	tr, w := c.tr, c.work
 	cons, err := kpar.New(kpar.HandlerFunc(func(_ context.Context, rec *kgo.Record) error {
@@ -308,15 +327,16 @@ func (c *commitCell) snap(w *commitWatch) commitSnap {
 	return s
 }
 
-// commitsCell runs one cell: members kpar members, handler h, interval iv.
-func (r *runner) commitsCell(ctx context.Context, t *topic, members int, h string, iv time.Duration) Result {
-	ct := &CommitTraffic{Partitions: t.partitions, Members: members, Handler: h, CommitInterval: intervalName(iv)}
+// commitsCell runs one cell: members kpar members, handler h, interval iv,
+// the group's commit budget.
+func (r *runner) commitsCell(ctx context.Context, t *topic, members int, h string, iv time.Duration, budget float64) Result {
+	ct := &CommitTraffic{Partitions: t.partitions, Members: members, Handler: h, CommitInterval: intervalName(iv), CommitBudget: budgetName(budget)}
 	if h == HandlerIO {
 		ct.Handler = r.cfg.Latency.String()
 	}
-	variant := fmt.Sprintf("%s partitions, %s, %d members, commit interval %s", commas(int64(t.partitions)), ct.Handler, members, ct.CommitInterval)
+	variant := fmt.Sprintf("%s partitions, %s, %d members, commit interval %s, commit budget %s", commas(int64(t.partitions)), ct.Handler, members, ct.CommitInterval, ct.CommitBudget)
 	res := Result{Scenario: Commits, Variant: variant, Contender: KparKey, Target: t.total, Commits: ct}
-	c := &commitCell{r: r, ctx: ctx, t: t, tr: newTracker(t, true, t.total), interval: iv, failed: make(chan error, 1+members+r.cfg.Kills)}
+	c := &commitCell{r: r, ctx: ctx, t: t, tr: newTracker(t, true, t.total), interval: iv, budget: budget, failed: make(chan error, 1+members+r.cfg.Kills)}
 	c.work = noWork
 	if h == HandlerIO {
 		c.work = sleepWork(r.cfg.Latency)
@@ -578,7 +598,7 @@ func (c *commitCell) pickVictim(k int) (int, error) {
 
 // commitsTable writes the commits scenario's results as their own table.
 func commitsTable(b *strings.Builder, rs []Result) {
-	b.WriteString("| partitions | handler | members | commit interval | records/s | commits/s per member (busiest) | commits/s per group | OffsetCommit B/s per member | partitions per commit | B per commit | commit round trip, mean (max) | duplicates per kill (redone + in flight) | note |\n")
+	b.WriteString("| partitions | handler | members | commit interval (group budget) | records/s | commits/s per member (busiest) | commits/s per group | OffsetCommit B/s per member | partitions per commit | B per commit | commit round trip, mean (max) | duplicates per kill (redone + in flight) | note |\n")
 	b.WriteString("|--:|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, res := range rs {
 		ct := res.Commits
@@ -596,7 +616,7 @@ func commitsTable(b *strings.Builder, rs []Result) {
 			note = join("**error**: "+res.Err, note)
 		}
 		fmt.Fprintf(b, "| %s | %s | %d | %s | %s | %.0f (%.0f) | %.0f | %s | %.1f | %.0f | %.1f ms (%.0f) | %s | %s |\n",
-			commas(int64(ct.Partitions)), ct.Handler, ct.Members, ct.CommitInterval, commas(int64(res.RecordsPerSec)),
+			commas(int64(ct.Partitions)), ct.Handler, ct.Members, ct.CommitInterval+" ("+ct.CommitBudget+")", commas(int64(res.RecordsPerSec)),
 			ct.MemberCommitsPerSec, ct.MaxMemberCommitsPerSec, ct.GroupCommitsPerSec, commas(int64(ct.MemberBytesPerSec)),
 			ct.PartitionsPerCommit, ct.BytesPerCommit, ct.CommitRTTMs, ct.MaxCommitRTTMs, kill, strings.ReplaceAll(note, "|", "\\|"))
 	}
