@@ -36,9 +36,13 @@ type commitWatch struct {
 	done  chan struct{}
 	first chan struct{} // closed at the first observed advance
 
-	mu   sync.Mutex  // guards gaps
+	mu   sync.Mutex  // guards gaps, max and last
 	gaps []commitGap // every gap of a second or more, and the longest
 	max  commitGap
+	last struct {
+		uncommitted int64 // records past the commits when the watch stopped
+		err         error // reading them failed
+	}
 }
 
 // commitPoll is how often commitWatch reads the group's offsets.
@@ -89,32 +93,25 @@ func watchCommits(ctx context.Context, t *testing.T, addr, group, topic string, 
 				if started && wasPending {
 					w.note(commitGap{From: from, To: time.Since(w.began), Handled: handled() - atFrom})
 				}
+				w.readLast(context.WithoutCancel(ctx), adm, group, topic)
 				return
 			case <-tick.C:
 			}
-			committed, err := adm.FetchOffsets(ctx, group)
-			if err == nil {
-				err = committed.Error()
-			}
-			ends, err2 := adm.ListEndOffsets(ctx, topic)
-			if err != nil || err2 != nil {
+			offsets, err := readOffsets(ctx, adm, group, topic)
+			if err != nil {
 				continue // a coordinator moving, the broker busy: the next poll
 			}
 			now, h := time.Since(w.began), handled()
 			advanced, pending := false, false
-			ends.Each(func(o kadm.ListedOffset) {
-				at := int64(0)
-				if c, ok := committed.Lookup(topic, o.Partition); ok && c.At > 0 {
-					at = c.At
-				}
-				if at > seen[o.Partition] {
+			for p, o := range offsets {
+				if o.committed > seen[p] {
 					advanced = true
 				}
-				seen[o.Partition] = at
-				if o.Err == nil && o.Offset > at {
+				seen[p] = o.committed
+				if o.end > o.committed {
 					pending = true
 				}
-			})
+			}
 			switch {
 			case advanced && !started:
 				started = true
@@ -131,6 +128,51 @@ func watchCommits(ctx context.Context, t *testing.T, addr, group, topic string, 
 		}
 	}()
 	return w
+}
+
+// partitionOffsets is a partition's committed offset (0 for none) and its
+// end offset.
+type partitionOffsets struct{ committed, end int64 }
+
+// readOffsets reads group's commits and the end offsets of topic.
+func readOffsets(ctx context.Context, adm *kadm.Client, group, topic string) (map[int32]partitionOffsets, error) {
+	committed, err := adm.FetchOffsets(ctx, group)
+	if err == nil {
+		err = committed.Error()
+	}
+	if err != nil {
+		return nil, err
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int32]partitionOffsets)
+	ends.Each(func(o kadm.ListedOffset) {
+		var at int64
+		if c, ok := committed.Lookup(topic, o.Partition); ok && c.At > 0 {
+			at = c.At
+		}
+		out[o.Partition] = partitionOffsets{committed: at, end: o.Offset}
+	})
+	return out, nil
+}
+
+// readLast notes, once the watch stops, how many records lie past the
+// group's commits: what a restart would deliver again.
+func (w *commitWatch) readLast(ctx context.Context, adm *kadm.Client, group, topic string) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	offsets, err := readOffsets(ctx, adm, group, topic)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last.err = err
+	for _, o := range offsets {
+		w.last.uncommitted += max(o.end-o.committed, 0)
+	}
 }
 
 func (w *commitWatch) note(g commitGap) {
@@ -150,14 +192,27 @@ func (w *commitWatch) since() time.Duration { return time.Since(w.began).Round(1
 // firstCommit is closed once the group's first commit was seen.
 func (w *commitWatch) firstCommit() <-chan struct{} { return w.first }
 
-// result stops the watch and returns the longest gap and every gap of a
-// second or more.
-func (w *commitWatch) result() (longest commitGap, long []commitGap) {
+// commitReport is what a commitWatch saw.
+type commitReport struct {
+	Longest commitGap   // the longest gap
+	Gaps    []commitGap // every gap of a second or more
+	// Uncommitted is the records past the group's commits when the watch
+	// stopped: at the end of a test, what a restart would deliver again.
+	Uncommitted int64
+}
+
+// result stops the watch (stop the members first: it reads the commits
+// one last time) and returns what it saw.
+func (w *commitWatch) result(t *testing.T) commitReport {
+	t.Helper()
 	w.stop()
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.max, w.gaps
+	if w.last.err != nil {
+		t.Fatalf("reading the group's commits at the end: %v", w.last.err)
+	}
+	return commitReport{Longest: w.max, Gaps: w.gaps, Uncommitted: w.last.uncommitted}
 }
 
 // gapsString lists gaps for a test log.

@@ -46,21 +46,26 @@ func TestChaosDeadMemberAndJoiner(t *testing.T) {
 		if os.Getenv("KPAR_CHAOS_SOAK") != "" {
 			rounds, defaults = 3, true
 		}
-		var dups []int
+		var dups, uncommitted []int
 		var gaps []time.Duration
 		for r := range rounds {
-			d, g := deadMemberAndJoiner(t, p, defaults, r)
-			dups, gaps = append(dups, d), append(gaps, g)
+			run := deadMemberAndJoiner(t, p, defaults, r)
+			dups, uncommitted, gaps = append(dups, run.duplicates), append(uncommitted, run.uncommitted), append(gaps, run.gap.Round(100*time.Millisecond))
 		}
 		if rounds > 1 {
-			t.Logf("%d runs: duplicates %v (max %d, total %d), longest commit gaps %v", rounds, dups, slices.Max(dups), sum(dups), gaps)
+			t.Logf("%d runs: duplicates %v (max %d, total %d), left uncommitted at the end %v, longest commit gaps %v", rounds, dups, slices.Max(dups), sum(dups), uncommitted, gaps)
 		}
 	})
 }
 
-// deadMemberAndJoiner runs the scenario once and returns its duplicates
-// and longest commit gap.
-func deadMemberAndJoiner(t *testing.T, proto kpar.Protocol, defaults bool, round int) (int, time.Duration) {
+// joinerRun is what one run of the scenario cost.
+type joinerRun struct {
+	duplicates, uncommitted int
+	gap                     time.Duration // the longest commit gap
+}
+
+// deadMemberAndJoiner runs the scenario once.
+func deadMemberAndJoiner(t *testing.T, proto kpar.Protocol, defaults bool, round int) joinerRun {
 	const records, members, concurrency, keys, partitions = 6000, 3, 16, 200, 8
 	bin := buildKpar(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
@@ -142,12 +147,20 @@ func deadMemberAndJoiner(t *testing.T, proto kpar.Protocol, defaults bool, round
 			t.Errorf("member %d's exit code %d after SIGTERM, want 0; stderr:\n%s", i+1, code, tail(ms[i].stderr))
 		}
 	}
-	checkCommittedAtEnd(ctx, t, cc.addr, group, topic)
-	gap, long := w.result()
+	// Every record was handled, and a member stopped by SIGTERM commits
+	// what it finished. In the classic protocol with the default timeouts
+	// it may not: a member stopped while the join waits for the dead one
+	// cannot commit, and gives up at --shutdown-timeout (30 s, below the
+	// 45 s session); what it left uncommitted is delivered again at the
+	// next start, a cost counted here rather than a failure.
+	commits := w.result(t)
+	if commits.Uncommitted > 0 && proto == kpar.ConsumerProtocol {
+		t.Errorf("%d records finished but left uncommitted at the end", commits.Uncommitted)
+	}
 
 	rep := l.Report()
-	t.Logf("%s protocol, %d records on %d partitions, concurrency %d, events %v: %+v; duplicates before the kill %d, from the kill to the join %d, from the join to the leave %d, after the leave %d; longest commit gap %v, gaps of 1s or more %s",
-		proto, records, partitions, concurrency, events, rep, killDups, joinDups-killDups, termDups-joinDups, rep.Duplicates-termDups, gap, gapsString(long))
+	t.Logf("%s protocol, %d records on %d partitions, concurrency %d, events %v: %+v; duplicates before the kill %d, from the kill to the join %d, from the join to the leave %d, after the leave %d; left uncommitted at the end %d; longest commit gap %v, gaps of 1s or more %s",
+		proto, records, partitions, concurrency, events, rep, killDups, joinDups-killDups, termDups-joinDups, rep.Duplicates-termDups, commits.Uncommitted, commits.Longest, gapsString(commits.Gaps))
 	if bad := ep.malformed(); len(bad) > 0 {
 		t.Errorf("malformed requests: %q", bad)
 	}
@@ -164,7 +177,7 @@ func deadMemberAndJoiner(t *testing.T, proto kpar.Protocol, defaults bool, round
 		}
 		t.Error(err)
 	}
-	return int(rep.Duplicates), gap.Len()
+	return joinerRun{duplicates: int(rep.Duplicates), uncommitted: int(commits.Uncommitted), gap: commits.Longest.Len()}
 }
 
 // waitHandled waits until the ledger has n finished records, failing the

@@ -146,7 +146,7 @@ func killLoop(t *testing.T, proto kpar.Protocol, static bool, other string) {
 		t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
 	}
 	checkCommittedAtEnd(ctx, t, addr, group, topic)
-	gap, long := w.result()
+	commits := w.result(t)
 
 	rep := l.Report()
 	if err := rep.Check(-1); err != nil { // lost, per-key order; duplicates are bounded per kill below
@@ -165,7 +165,7 @@ func killLoop(t *testing.T, proto kpar.Protocol, static bool, other string) {
 		dups[k] = int(next - dupsAt[k])
 	}
 	t.Logf("%d records, %d kills, concurrency %d: %+v; duplicates after each kill %v (max %d, total %d); requests in flight at each kill %v; time to first delivery after each restart %v; longest commit gap %v, gaps of 1s or more %s",
-		records, kills, concurrency, rep, dups, slices.Max(dups), sum(dups), inFlight, resume, gap, gapsString(long))
+		records, kills, concurrency, rep, dups, slices.Max(dups), sum(dups), inFlight, resume, commits.Longest, gapsString(commits.Gaps))
 	if other != "" {
 		return
 	}
