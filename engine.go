@@ -3,6 +3,7 @@ package kpar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"sync"
@@ -289,7 +290,9 @@ func (e *engine) run(ctx context.Context) error {
 
 	stopSettler()
 	settler.Wait()
-	e.src.close(ctx, deadline)
+	if err := e.src.close(ctx, deadline); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("%w: %w", ErrFinalCommit, err))
+	}
 	return runErr
 }
 

@@ -20,6 +20,14 @@ var ErrClosed = errors.New("kpar: Consumer is closed; create a new one to consum
 // context keeps its goroutine until it returns; Run does not wait for it.
 var ErrShutdownTimeout = errors.New("kpar: shutdown timeout passed with records unfinished; they were not committed and will be delivered again")
 
+// ErrFinalCommit is returned by Run when its last commit at shutdown (a
+// share group's last acknowledgements) failed, with the failure wrapped:
+// nothing is lost, but the records finished since the last commit that
+// landed will be delivered again. In the classic group protocol it happens
+// when Run stops during a rebalance that waits for a crashed member longer
+// than ShutdownTimeout (its session timeout, 45s by default).
+var ErrFinalCommit = errors.New("kpar: the final commit failed; the records finished since the last commit that landed will be delivered again")
+
 // ErrOrderingMismatch is returned by Run when the group's other members use
 // another ordering mode, or are not kpar consumers: members that order
 // differently would break per-key (or per-partition) order on the

@@ -58,6 +58,9 @@ func fatalFetchError(fs kgo.Fetches, log *fetchErrorLog, who string, attrs ...an
 			if fatal == nil {
 				fatal = fmt.Errorf("%w (%v)", ErrOrderingMismatch, err)
 			}
+		case errors.Is(err, kerr.UnreleasedInstanceID):
+			log.Warn("kpar: waiting to join: the group's broker still holds this InstanceID for its previous member (UNRELEASED_INSTANCE_ID); in the consumer group protocol it is released when that member leaves, or when its session expires (the group's consumer.session.timeout.ms, 45s by default); give each running member its own ID",
+				append(attrs, "err", err)...)
 		case isFatal(err):
 			if fatal == nil {
 				fatal = fmt.Errorf("kpar: %sfatal error from the client (topic %q, partition %d): %w", who, topic, partition, err)

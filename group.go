@@ -99,7 +99,7 @@ func (g *groupSource) stopping() {}
 // members, a dead one's session timeout say) has nothing to commit and
 // nothing to hand over: it waits for its leave no more than a second, not
 // the whole shutdown timeout.
-func (g *groupSource) close(ctx context.Context, deadline time.Time) {
+func (g *groupSource) close(ctx context.Context, deadline time.Time) error {
 	e := g.e
 	unleft := "the group waits for the session timeout before moving its partitions"
 	if !g.joined.Load() {
@@ -108,11 +108,13 @@ func (g *groupSource) close(ctx context.Context, deadline time.Time) {
 			deadline = soon
 		}
 	}
+	var last error
 	leaveWithin(ctx, g.cl, deadline, e.log, unleft, func(cctx context.Context) {
-		if err := g.commit(cctx, nil); err != nil {
-			e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", err)
+		if last = g.commit(cctx, nil); last != nil {
+			e.log.Warn("kpar: final commit failed; records after the last commit will be delivered again", "err", last)
 		}
 	})
+	return last
 }
 
 func (g *groupSource) clientOpts() []kgo.Opt {
@@ -195,6 +197,9 @@ func (g *groupSource) deliver(ctx context.Context) error {
 			return g.refusal.error()
 		}
 		if err := fatalFetchError(fs, &fetchLog, ""); err != nil {
+			if errors.Is(err, ErrOrderingMismatch) {
+				err = g.nameModes(ctx, err)
+			}
 			return err
 		}
 		if err := g.joins.observe(fs, e.cfg); err != nil {

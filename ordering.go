@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -246,4 +247,30 @@ func (g *groupSource) recommitModes(ctx context.Context, cl *kgo.Client, resps k
 			e.log.Warn("kpar: committing the new ordering mode failed; the partitions take it with their next commits", "err", err)
 		}
 	})
+}
+
+// nameModes adds both ordering modes to the refusal of a classic-protocol
+// member (INCONSISTENT_GROUP_PROTOCOL names neither): the group's comes
+// from the protocol it runs, "kpar-<mode>-<balancer>" for kpar members.
+// Without an answer the refusal stays as it was.
+func (g *groupSource) nameModes(ctx context.Context, refused error) error {
+	c := g.e.cfg
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	groups, err := kadm.NewClient(g.cl).DescribeGroups(ctx, c.group)
+	if err != nil {
+		return refused
+	}
+	theirs := groups[c.group].Protocol
+	if theirs == "" {
+		return refused
+	}
+	mode := "none: its members are not kpar consumers"
+	for _, o := range []Order{ByKey, ByPartition, Unordered} {
+		if strings.HasPrefix(theirs, "kpar-"+o.String()+"-") {
+			mode = o.String()
+		}
+	}
+	return fmt.Errorf("%w: group %q has members ordering by %s (they run protocol %q), and this member orders by %s (Ordering); to change the group's ordering, stop every member first",
+		refused, c.group, mode, theirs, c.ordering)
 }

@@ -262,9 +262,11 @@ func (r *rangeSource) pause(ps *partState, paused bool) {
 func (r *rangeSource) stopping() {}
 
 // close saves the progress one last time and closes the readers' clients.
-func (r *rangeSource) close(ctx context.Context, deadline time.Time) {
+// A failed save is Backfill's error already (saveErr), not ErrFinalCommit.
+func (r *rangeSource) close(ctx context.Context, deadline time.Time) error {
 	_ = r.settle(ctx)
 	r.closeClients()
+	return nil
 }
 
 func (r *rangeSource) closeClients() {

@@ -319,7 +319,7 @@ func (s *shareSource) stopping() {
 // close acknowledges what the last settle left, releases what is still
 // held (records the shutdown timeout cut off), flushes the
 // acknowledgements and leaves the group, by deadline.
-func (s *shareSource) close(ctx context.Context, deadline time.Time) {
+func (s *shareSource) close(ctx context.Context, deadline time.Time) error {
 	_ = s.settle(ctx)
 	limit := s.limit.Load()
 	s.mu.Lock()
@@ -335,11 +335,13 @@ func (s *shareSource) close(ctx context.Context, deadline time.Time) {
 		s.log.Warn("kpar: shutdown timeout passed with records unfinished; releasing them, they will be delivered again", "unfinished", len(left))
 		s.ack(left, kgo.AckRelease)
 	}
+	var last error
 	leaveWithin(ctx, s.cl, deadline, s.log, "the broker releases this member's records when their locks expire", func(cctx context.Context) {
-		if err := s.cl.FlushAcks(cctx); err != nil {
-			s.log.Warn("kpar: flushing acknowledgements timed out; the broker redelivers those it did not get when their locks expire", "err", err)
+		if last = s.cl.FlushAcks(cctx); last != nil {
+			s.log.Warn("kpar: flushing acknowledgements timed out; the broker redelivers those it did not get when their locks expire", "err", last)
 		}
 	})
+	return last
 }
 
 // waitAcknowledged waits until every acquired record has its final

@@ -48,6 +48,7 @@ type source interface {
 	// before the pipeline drains.
 	stopping()
 	// close ends the source by deadline, once the workers stopped: the
-	// last settle, leaving the group, closing the clients.
-	close(ctx context.Context, deadline time.Time)
+	// last settle, leaving the group, closing the clients. It returns the
+	// last settle's error, which Run reports as ErrFinalCommit.
+	close(ctx context.Context, deadline time.Time) error
 }

@@ -28,12 +28,17 @@ kill -9 (not a power loss: nothing is fsynced per write). Share groups
 and the broker archives a record after --share-delivery-limit deliveries. As
 in Kafka, a share group starts at the newest record unless the group's
 share.auto.offset.reset is earliest; kpar forward --share-group sets that on
-a group that has none.`, stderr)
+a group that has none. Consumer groups of the consumer protocol (KIP-848,
+kpar forward --group-protocol consumer) get their session timeout and
+heartbeat interval from the broker: --consumer-session-timeout and
+--consumer-heartbeat-interval.`, stderr)
 	listen := fs.String("listen", "127.0.0.1:9092", "loopback `host:port` to listen on; port 0 picks a free port")
 	partitions := fs.Int("partitions", 8, "partitions of each auto-created topic")
 	dataDir := fs.String("data-dir", "", "keep topics, records and group offsets in `DIR` across restarts (default in memory)")
 	lock := fs.Duration("share-lock-duration", 30*time.Second, "how long a share-group member holds a record it did not acknowledge (group.share.record.lock.duration.ms; at least 1s); short ones make tests fast")
 	deliveries := fs.Int("share-delivery-limit", 5, "deliveries of a share-group record before the broker archives it (group.share.delivery.count.limit, 2 to 10)")
+	session := fs.Duration("consumer-session-timeout", 45*time.Second, "how long a consumer-protocol group waits for a silent member before moving its partitions (group.consumer.session.timeout.ms; Kafka's default); --session-timeout of kpar forward does not apply in that protocol")
+	heartbeat := fs.Duration("consumer-heartbeat-interval", time.Second, "how often consumer-protocol members heartbeat, and so how soon they learn a new assignment (group.consumer.heartbeat.interval.ms; Kafka's default is 5s)")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -50,6 +55,12 @@ a group that has none.`, stderr)
 	if *lock < time.Second || *lock > time.Hour {
 		return fs.usageError("invalid --share-lock-duration %v: want 1s to 1h (clients treat a shorter lock as 1s)", *lock)
 	}
+	if *session < time.Second || *session > 30*time.Minute {
+		return fs.usageError("invalid --consumer-session-timeout %v: want 1s to 30m", *session)
+	}
+	if *heartbeat < 100*time.Millisecond || *heartbeat >= *session {
+		return fs.usageError("invalid --consumer-heartbeat-interval %v: want 100ms or more, below --consumer-session-timeout (%v)", *heartbeat, *session)
+	}
 	if *deliveries < 2 || *deliveries > 10 {
 		return fs.usageError("invalid --share-delivery-limit %d: want 2 to 10, as Kafka allows", *deliveries)
 	}
@@ -64,8 +75,10 @@ a group that has none.`, stderr)
 				"group.share.record.lock.duration.ms": strconv.FormatInt(lock.Milliseconds(), 10),
 				// Expired locks are found by a sweep: a tenth of the
 				// lock (kfake's default is 5s, longer than short locks).
-				"share.record.lock.sweep.interval.ms": strconv.FormatInt(max(lock.Milliseconds()/10, 100), 10),
-				"group.share.delivery.count.limit":    strconv.Itoa(*deliveries),
+				"share.record.lock.sweep.interval.ms":  strconv.FormatInt(max(lock.Milliseconds()/10, 100), 10),
+				"group.share.delivery.count.limit":     strconv.Itoa(*deliveries),
+				"group.consumer.session.timeout.ms":    strconv.FormatInt(session.Milliseconds(), 10),
+				"group.consumer.heartbeat.interval.ms": strconv.FormatInt(heartbeat.Milliseconds(), 10),
 			}),
 		},
 	})

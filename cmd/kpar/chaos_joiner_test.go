@@ -37,8 +37,8 @@ import (
 // The default is short for CI: one run with a 6 s session timeout and a
 // 15 s rebalance timeout. KPAR_CHAOS_SOAK=1 runs it three times as a new
 // user would, with kpar forward's and kpar broker's default timeouts (a
-// 45 s session in either protocol, a 60 s rebalance timeout, a 5 s
-// consumer-protocol heartbeat).
+// 45 s session in either protocol, a 60 s rebalance timeout, kpar
+// broker's 1 s consumer-protocol heartbeat; Kafka's is 5 s).
 func TestChaosDeadMemberAndJoiner(t *testing.T) {
 	t.Parallel()
 	inEachProtocol(t, func(t *testing.T, p kpar.Protocol) {

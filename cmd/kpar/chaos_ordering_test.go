@@ -57,11 +57,7 @@ func TestChaosMemberWithAnotherOrderingExits(t *testing.T) {
 		if code != 1 {
 			t.Errorf("the unordered member exited %d, want 1; stderr:\n%s", code, tail(unordered.stderr))
 		}
-		want := []string{"ordering"}
-		if p == kpar.ConsumerProtocol { // the classic protocol refuses it at its join, knowing no mode
-			want = append(want, "by key", "orders by unordered")
-		}
-		for _, s := range want {
+		for _, s := range []string{"ordering by key", "orders by unordered"} {
 			if !strings.Contains(out, s) {
 				t.Errorf("the unordered member's error does not say %q:\n%s", s, tail(unordered.stderr))
 			}

@@ -34,7 +34,7 @@ func inEachProtocol(t *testing.T, test func(t *testing.T, p kpar.Protocol)) {
 
 // consumerHeartbeat is the heartbeat interval the chaos tests give
 // consumer-protocol groups (group.consumer.heartbeat.interval.ms; Kafka's
-// and kpar broker's default is 5 s): members learn of a new assignment
+// default is 5 s, kpar broker's 1 s): members learn of a new assignment
 // at their next heartbeat, and the session timeout must stay well above
 // it.
 const consumerHeartbeat = time.Second

@@ -289,7 +289,7 @@ loop:
 		lost := sum.Produced - handled
 		sum.Lost = &lost
 	}
-	if ctx.Err() != nil && errors.Is(runErr, kpar.ErrShutdownTimeout) {
+	if ctx.Err() != nil && (errors.Is(runErr, kpar.ErrShutdownTimeout) || errors.Is(runErr, kpar.ErrFinalCommit)) {
 		// Interrupted with a backlog: the summary says what was handled,
 		// and the rest is simply left for the next run.
 		runErr = nil

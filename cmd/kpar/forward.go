@@ -135,7 +135,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	var protocol kpar.Protocol
 	fs.TextVar(&protocol, "group-protocol", kpar.ClassicProtocol, "the consumer group's protocol, `P`: classic (JoinGroup/SyncGroup, every Kafka) or consumer (KIP-848, Kafka 4.0+: the broker assigns, no group-wide rebalance barrier; falls back to classic on older brokers)")
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
-	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default)")
+	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default); classic protocol only: in the consumer protocol the broker sets it (group.consumer.session.timeout.ms, kpar broker --consumer-session-timeout)")
 	rebalanceTimeout := fs.Duration("rebalance-timeout", time.Minute, "how long a rebalance waits for the members to rejoin: a member that dies mid-rebalance holds the group (and its commits) this long; more than the 10s a revoke may wait for running records")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
 	readyStall := addReadyStall(fs) // readiness.go
@@ -252,6 +252,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	fail := func(msg string, err error) int {
 		log.Error(msg, "err", err)
 		return 1
+	}
+	if protocol == kpar.ConsumerProtocol && fs.given("session-timeout") {
+		log.Warn("--session-timeout does not apply with --group-protocol consumer: the broker sets the session timeout (the group's consumer.session.timeout.ms, else group.consumer.session.timeout.ms, 45s by default; kpar broker --consumer-session-timeout)")
 	}
 	if sec.plainTextPassword() {
 		log.Warn("SASL PLAIN without TLS sends the password in clear text; add --tls or --tls-ca")
@@ -430,6 +433,21 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	defer stopLog()
 
 	err = c.Run(ctx)
+	if errors.Is(err, kpar.ErrFinalCommit) && ctx.Err() != nil {
+		// A requested stop whose last commit failed (a rebalance
+		// still waiting for a crashed member, a coordinator gone):
+		// nothing is lost, what finished since the last commit that
+		// landed is delivered again.
+		what := "the final commit failed; records finished since the last commit that landed will be delivered again"
+		if share {
+			what = "the last acknowledgements were not sent; the broker delivers those records again when their locks expire"
+		}
+		if errors.Is(err, kpar.ErrShutdownTimeout) {
+			what = "--shutdown-timeout passed with records unfinished, and " + what
+		}
+		log.Warn("kpar forward stopped: "+what, "err", err)
+		return 0
+	}
 	if errors.Is(err, kpar.ErrShutdownTimeout) && ctx.Err() != nil {
 		// A requested stop that could not finish everything in time:
 		// nothing is lost, the rest is delivered again after a restart.

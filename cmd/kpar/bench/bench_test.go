@@ -231,7 +231,7 @@ func TestRunSmallCommits(t *testing.T) {
 		}
 	}
 	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | 1ms | 3 | 10ms (20/s) |") {
+	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | 1ms | 3 | 10ms, budget 20/s |") {
 		t.Errorf("markdown (%v):\n%s", err, md.String())
 	}
 }

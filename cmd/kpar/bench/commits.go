@@ -598,7 +598,7 @@ func (c *commitCell) pickVictim(k int) (int, error) {
 
 // commitsTable writes the commits scenario's results as their own table.
 func commitsTable(b *strings.Builder, rs []Result) {
-	b.WriteString("| partitions | handler | members | commit interval (group budget) | records/s | commits/s per member (busiest) | commits/s per group | OffsetCommit B/s per member | partitions per commit | B per commit | commit round trip, mean (max) | duplicates per kill (redone + in flight) | note |\n")
+	b.WriteString("| partitions | handler | members | commit interval, group budget | records/s | commits/s per member (busiest) | commits/s per group | OffsetCommit B/s per member | partitions per commit | B per commit | commit round trip, mean (max) | duplicates per kill (redone + in flight) | note |\n")
 	b.WriteString("|--:|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, res := range rs {
 		ct := res.Commits
@@ -615,9 +615,9 @@ func commitsTable(b *strings.Builder, rs []Result) {
 		if res.Err != "" {
 			note = join("**error**: "+res.Err, note)
 		}
-		fmt.Fprintf(b, "| %s | %s | %d | %s | %s | %.0f (%.0f) | %.0f | %s | %.1f | %.0f | %.1f ms (%.0f) | %s | %s |\n",
-			commas(int64(ct.Partitions)), ct.Handler, ct.Members, ct.CommitInterval+" ("+ct.CommitBudget+")", commas(int64(res.RecordsPerSec)),
-			ct.MemberCommitsPerSec, ct.MaxMemberCommitsPerSec, ct.GroupCommitsPerSec, commas(int64(ct.MemberBytesPerSec)),
+		fmt.Fprintf(b, "| %s | %s | %d | %s | %s | %.0f (%.0f) | %s | %s | %.1f | %.0f | %.1f ms (%.0f) | %s | %s |\n",
+			commas(int64(ct.Partitions)), ct.Handler, ct.Members, ct.CommitInterval+", budget "+ct.CommitBudget, commas(int64(res.RecordsPerSec)),
+			ct.MemberCommitsPerSec, ct.MaxMemberCommitsPerSec, commas(int64(ct.GroupCommitsPerSec)), commas(int64(ct.MemberBytesPerSec)),
 			ct.PartitionsPerCommit, ct.BytesPerCommit, ct.CommitRTTMs, ct.MaxCommitRTTMs, kill, strings.ReplaceAll(note, "|", "\\|"))
 	}
 }
