@@ -2,6 +2,7 @@ package kpar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/kpar/kpar/internal/offsetmeta"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -274,5 +276,38 @@ func TestCommitRequestHookMeasuresCommits(t *testing.T) {
 	defer reqs.mu.Unlock()
 	if reqs.requests == 0 || reqs.parts < reqs.requests || reqs.nbytes < reqs.parts*len(offsetmeta.Prefix) {
 		t.Fatalf("%d commit requests, %d partitions, %d bytes: want requests, each with a partition and its metadata", reqs.requests, reqs.parts, reqs.nbytes)
+	}
+}
+
+// TestFailedFinalCommitIsReported: when the commit at shutdown fails, Run
+// returns ErrFinalCommit wrapping the failure. Nothing is lost: the
+// committed offset stays where the last commit that landed put it.
+func TestFailedFinalCommitIsReported(t *testing.T) {
+	const n = 100
+	c := newFakeCluster(t, "injects broker faults", "final", 1)
+	release := make(chan struct{})
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset == n-1 {
+			<-release // finishes once commits fail
+		}
+		return nil
+	})
+	hook, commits := commitSignal()
+	cons, err := New(h, append(testOpts(c, "g", "final"), WithHooks(hook))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	produce(t, c, "final", n, 1)
+	waitPartition(t, cons, commits, "every record but the last committed", func(s PartitionStats) bool {
+		return s.Committed == n-1 && s.InFlight == 1
+	})
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: "g", Err: kerr.UnknownServerError, Count: -1})
+	close(release)
+	if err := stop(); !errors.Is(err, ErrFinalCommit) || !errors.Is(err, kerr.UnknownServerError) {
+		t.Fatalf("Run = %v, want ErrFinalCommit wrapping UNKNOWN_SERVER_ERROR", err)
+	}
+	if committed, _ := offsets(t, c, "g", "final"); committed[0] != n-1 {
+		t.Fatalf("committed %v, want partition 0 at %d: the last commit that landed", committed, n-1)
 	}
 }
