@@ -108,7 +108,7 @@ func TestBenchCommitsTable(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\nstderr:\n%s", code, stderr)
 	}
-	for _, want := range []string{"| partitions | handler | members | commit interval |", "| 4 | 1ms | 2 | 10ms |"} {
+	for _, want := range []string{"| partitions | handler | members | commit interval, group budget |", "| 4 | 1ms | 2 | 10ms, budget default |"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout)
 		}

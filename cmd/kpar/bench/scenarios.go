@@ -3,9 +3,12 @@ package bench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/kpar/kpar"
 )
 
 // Default concurrency of noop, cpu and crash: kpar's own default.
@@ -375,6 +378,9 @@ func (r *runner) crashRun(ctx context.Context, c contender, t *topic) Result {
 		cancel()
 		select {
 		case err := <-errc:
+			if cp.state.Load() == 1 && errors.Is(err, kpar.ErrFinalCommit) {
+				err = nil // the broker refuses the dead life's commits: its last one too
+			}
 			runErr = join2(runErr, err)
 		case <-time.After(stopTimeout):
 			runErr = join2(runErr, fmt.Errorf("did not stop within %s", stopTimeout))
