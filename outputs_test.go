@@ -2,8 +2,8 @@ package kpar
 
 import (
 	"context"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"os"
