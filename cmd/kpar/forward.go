@@ -131,7 +131,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	rateBurst := fs.Int("rate-burst", 0, "with --rate-limit, how many requests may start at once after a quiet spell (`B`; default a tenth of a second's worth, N/10, at least 1)")
 	keyRateBurst := fs.Int("key-rate-burst", 0, "with --key-rate-limit, the burst of each key (`B`; default N/10, at least 1)")
 	commitInterval := fs.Duration("commit-interval", 2*time.Millisecond, "least time between two commits: a crash repeats the requests in flight plus what finished within one interval; each member commits at most 1/interval times a second, never while idle")
-	commitBudget := fs.Float64("commit-budget", 1000, "OffsetCommit requests a `second` the whole group may send its coordinator: each member spaces its commits by its partitions' share of it, when that is more than --commit-interval (16 members: each at most ~62/s); 0: no budget")
+	commitBudget := fs.Float64("commit-budget", 1000, "at most `N` OffsetCommit requests a second from the whole group to its coordinator: each member spaces its commits by its partitions' share of it, when that is more than --commit-interval (16 members: each at most ~62/s); 0: no budget")
 	var protocol kpar.Protocol
 	fs.TextVar(&protocol, "group-protocol", kpar.ClassicProtocol, "the consumer group's protocol, `P`: classic (JoinGroup/SyncGroup, every Kafka) or consumer (KIP-848, Kafka 4.0+: the broker assigns, no group-wide rebalance barrier; falls back to classic on older brokers)")
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
