@@ -91,7 +91,23 @@ func TestBackfillDeliversExactlyTheRange(t *testing.T) {
 
 func TestBackfillResumesAfterCancelLosingNothing(t *testing.T) {
 	c := newFakeCluster(t, notPorted, "bf", 1)
-	produce(t, c, "bf", 20_000, 100)
+	// Batches of at most 4 KiB (about 100 records), and fetches of one
+	// batch: a produce with the default batch size may make batches of
+	// thousands, and a reader's first fetch its whole slice, which the
+	// drain after the cancel then finishes.
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerBatchMaxBytes(4<<10), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 20_000 {
+		recs = append(recs, &kgo.Record{Topic: "bf", Key: fmt.Appendf(nil, "key-%d", i%100), Value: encodeValue(i%100, i/100)})
+	}
+	err = pcl.ProduceSync(t.Context(), recs...).FirstErr()
+	pcl.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	file := filepath.Join(t.TempDir(), "progress.json")
 	r := Range{Topic: "bf", From: AtOffset(5_000), To: AtOffset(15_000)}
 	counts := make(offsetCounts, 20_000)
@@ -117,11 +133,12 @@ func TestBackfillResumesAfterCancelLosingNothing(t *testing.T) {
 		return nil
 	})
 	// The drain after the cancel finishes what the readers had delivered:
-	// per slice a window and the records held outside it (at most 8
-	// windows, see heldCap), 4 x 9 x 128 on top of fewer than 4,000
-	// handled stays below the range's 10,000, so the first run never
-	// finishes it.
-	first, err := Backfill(ctx, h, r, backfillOpts(c, Readers(4), Concurrency(16), WindowRecords(128), ProgressFile(file))...)
+	// per slice a window, the records held outside it (at most 8
+	// windows, see heldCap) and one fetch, 4 x (9 x 128 + 100) on top of
+	// fewer than 4,000 handled stays below the range's 10,000, so the
+	// first run never finishes it.
+	first, err := Backfill(ctx, h, r, backfillOpts(c, Readers(4), Concurrency(16), WindowRecords(128), ProgressFile(file),
+		ClientOptions(kgo.FetchMaxPartitionBytes(1)))...)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled run returned %v; want an error wrapping context.Canceled", err)
 	}
