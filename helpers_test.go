@@ -41,7 +41,8 @@ func testLogger() *slog.Logger {
 }
 
 // testOpts are the options every test consumer shares: fast heartbeats
-// and commits, short timeouts.
+// and commits, short timeouts. An empty group leaves out CommitInterval,
+// for shareOpts.
 //
 // On a real cluster the session timeout is 6s, the least Kafka allows by
 // default (group.min.session.timeout.ms), and group and topic get the
@@ -52,12 +53,11 @@ func testOpts(c cluster, group, topic string) []ConsumerOpt {
 	if onRealCluster(c) {
 		heartbeat, session = 500*time.Millisecond, testkit.RealSessionTimeout
 	}
-	return []ConsumerOpt{
+	opts := []ConsumerOpt{
 		WithLogger(logger),
 		Brokers(c.ListenAddrs()...),
 		Group(nameIn(c, group)),
 		Topics(nameIn(c, topic)),
-		CommitInterval(50 * time.Millisecond),
 		RetryBackoff(time.Millisecond, 10*time.Millisecond),
 		ShutdownTimeout(10 * time.Second),
 		ClientOptions(
@@ -67,6 +67,10 @@ func testOpts(c cluster, group, topic string) []ConsumerOpt {
 			kgo.FetchMaxWait(100*time.Millisecond),
 		),
 	}
+	if group != "" { // not for shareOpts: a share group takes no CommitInterval
+		opts = append(opts, CommitInterval(50*time.Millisecond))
+	}
+	return opts
 }
 
 // produced describes one test record: its key index and its sequence number

@@ -218,6 +218,7 @@ const (
 	setCommitMetadataBytes = 1 << iota
 	setRevokeTimeout
 	setCommitBudget
+	setCommitInterval
 )
 
 func defaultCfg() cfg {
@@ -319,11 +320,11 @@ const defaultCommitInterval = 5 * time.Millisecond
 // default, fewer when a commit's round trip is longer), only while records
 // finish, none at idle. At 15,000 records a second, 5ms is 75 records;
 // raise it for members that handle many records a second cheaply. kpar
-// also commits on revoke and on shutdown. With ShareGroup it spaces the
-// acknowledgements instead. Backfill saves its progress at its own pace
-// (ProgressInterval).
+// also commits on revoke and on shutdown. Not for ShareGroup, which
+// acknowledges each record as it finishes (the client batches what it
+// sends). Backfill saves its progress at its own pace (ProgressInterval).
 func CommitInterval(d time.Duration) ConsumerOpt {
-	return consumerOpt(func(c *cfg) { c.commitInterval = d })
+	return consumerOpt(func(c *cfg) { c.commitInterval, c.explicit = d, c.explicit|setCommitInterval })
 }
 
 // CommitMetadataBytes bounds the finished-offsets set that each commit

@@ -24,8 +24,8 @@ import (
 // overloaded downstream burns no attempt; the breaker or the adaptive limit
 // paces it), RetryAfter, StuckAfter, DeadLetters, the hooks and
 // ShutdownTimeout. WindowRecords and MaxBufferedBytes bound what this member
-// holds per partition and in all. Each outcome becomes an acknowledgement,
-// sent at most once per CommitInterval (default 5ms):
+// holds per partition and in all. Each outcome becomes an acknowledgement
+// as the record finishes (the client sends them with its next fetch):
 //
 //   - success: ACCEPT.
 //   - a failed attempt: retried here, with kpar's backoff, while the record
@@ -138,6 +138,8 @@ func (c *cfg) validateShare() error {
 		return errors.New("kpar: InstanceID is not supported with ShareGroup: share groups have no static membership; leave it out")
 	case c.explicit&setCommitMetadataBytes != 0:
 		return errors.New("kpar: CommitMetadataBytes is not supported with ShareGroup: a share group commits no offsets, each record is acknowledged; leave it out")
+	case c.explicit&setCommitInterval != 0:
+		return errors.New("kpar: CommitInterval is not supported with ShareGroup: a share group commits no offsets, each record is acknowledged as it finishes (the client batches what it sends); leave it out")
 	case c.explicit&setCommitBudget != 0:
 		return errors.New("kpar: CommitBudget is not supported with ShareGroup: a share group commits no offsets, each record is acknowledged; leave it out")
 	case c.explicit&setRevokeTimeout != 0:

@@ -285,9 +285,12 @@ func (s *shareSource) ack(rs []*kgo.Record, status kgo.AckStatus) {
 	s.mu.Unlock()
 }
 
-// settleEvery is CommitInterval: how long an acknowledgement may wait to be
-// marked with others.
-func (s *shareSource) settleEvery() time.Duration { return s.cfg.commitInterval }
+// settleEvery is 0: finished records are acknowledged at once. Marking an
+// acknowledgement sends nothing (the client sends them with its next
+// fetch, or within a second), and the poller polls again only once every
+// record of its last poll is acknowledged: spacing the marks would pace
+// the whole member (by 5ms a poll, a fifth of its throughput at noop).
+func (s *shareSource) settleEvery() time.Duration { return 0 }
 
 // pause does nothing: the poller takes no more than one poll's records,
 // whatever the windows hold.

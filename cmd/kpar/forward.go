@@ -154,6 +154,8 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return fs.usageError("invalid --ordering partition with --share-group: a share group hands one partition to many members; use --ordering key (one request per key at a time in this process) or unordered, or --group")
 	case share && fs.given("group-protocol"):
 		return fs.usageError("invalid --group-protocol with --share-group: a share group has a protocol of its own")
+	case share && fs.given("commit-interval"):
+		return fs.usageError("invalid --commit-interval with --share-group: a share group commits no offsets, each record is acknowledged as it finishes")
 	case share && fs.given("commit-budget"):
 		return fs.usageError("invalid --commit-budget with --share-group: a share group commits no offsets, each record is acknowledged")
 	case !(*commitBudget >= 0) || math.IsInf(*commitBudget, 0):
@@ -282,7 +284,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		subscribed = regexList
 		handler = skipDeadLetters(h, sink, log)
 	}
-	membership := []kpar.ConsumerOpt{kpar.Group(*group), kpar.InstanceID(*instanceID), kpar.GroupProtocol(protocol), kpar.CommitBudget(*commitBudget)}
+	membership := []kpar.ConsumerOpt{kpar.Group(*group), kpar.InstanceID(*instanceID), kpar.GroupProtocol(protocol), kpar.CommitBudget(*commitBudget), kpar.CommitInterval(*commitInterval)}
 	if share {
 		membership = []kpar.ConsumerOpt{kpar.ShareGroup(*shareGroup)}
 	}
@@ -305,7 +307,6 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		// The reply topic may be created by its first record, where the
 		// cluster allows it (kpar broker does).
 		kpar.ClientOptions(kgo.AllowAutoTopicCreation()),
-		kpar.CommitInterval(*commitInterval),
 		kpar.Topics(subscribed...),
 		kpar.Concurrency(*concurrency),
 		kpar.Ordering(ord),

@@ -213,6 +213,7 @@ func TestForwardShareGroupFlagsAreExclusive(t *testing.T) {
 		{[]string{"--instance-id", "i"}, "no static membership"},
 		{[]string{"--retry-topics", "1s"}, "--retry-topics with --share-group"},
 		{[]string{"--commit-budget", "10"}, "--commit-budget with --share-group"},
+		{[]string{"--commit-interval", "10ms"}, "--commit-interval with --share-group"},
 	} {
 		t.Run(strings.TrimPrefix(tc.extra[0], "--"), func(t *testing.T) {
 			p := startForward(ctx, t, bin, nil, append(slices.Clone(base), tc.extra...)...)
