@@ -158,19 +158,20 @@ func (e *engine) enterRun(ps *partState, recs []*kgo.Record, meta []recMeta) {
 }
 
 // runRun runs the handler on the records of run task t, first to last,
-// and returns how many succeeded before the first failure, the failure
-// (with whether its attempt timed out) and the end of the records the run
-// held after it, which the caller gives tasks of their own (finishRun).
-// at is when the run started; shared and fast are runEach's. Called
-// without mu.
-func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, shared **attemptCtx, fast bool) (done int, err error, timedOut bool, end int) {
+// and returns how many succeeded before the first failure and the failure
+// (with whether its attempt timed out). It leaves the records after a
+// failed one in the run: finishRun takes them back under mu, so a split
+// in between (the stuck guard's) takes them back instead, and they are
+// never out of both the run and the lanes. at is when the run started;
+// shared and fast are runEach's. Called without mu.
+func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, shared **attemptCtx, fast bool) (done int, err error, timedOut bool) {
 	run := t.Value.run
 	dispatchHooks, doneHooks := len(e.hooks.dispatched) > 0, len(e.hooks.done) > 0
 	e.stamp(t, at)
 	for {
 		i, ok := run.claim()
 		if !ok {
-			return done, nil, false, 0
+			return done, nil, false
 		}
 		r := run.recs[i]
 		started := at
@@ -184,8 +185,7 @@ func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, sh
 		}
 		// t.Value.attempts is 1: a run is taken once (runs).
 		if err, timedOut = e.attempt(ctx, slot, t, r, started, shared, fast); err != nil {
-			_, end = run.cut(i + 1)
-			return done, err, timedOut, end
+			return done, err, timedOut
 		}
 		e.recovered()
 		if doneHooks {
@@ -199,18 +199,21 @@ func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, sh
 }
 
 // failedInRun returns, for observe, a task for record i of run task t,
-// which failed: not in any store, lane or queue.
+// which failed: not in any store, lane or queue. Called without mu by the
+// run's worker, so it copies only what the worker owns or nobody changes:
+// the engine rewrites t's lane when it splits the wide lane (giveBack).
 func failedInRun(t *task, i int) *task {
-	f := &task{Value: t.Value}
-	f.Value.rec, f.Value.run, f.Value.attempts = t.Value.run.recs[i], nil, 1
+	f := &task{}
+	f.Value.rec, f.Value.part, f.Value.seq = t.Value.run.recs[i], t.Value.part, t.Value.seq+window.Seq(i)
+	f.Value.size, f.Value.attempts = t.Value.run.meta[i].size, 1
+	f.Value.first, f.Value.started = t.Value.first, t.Value.started
 	return f
 }
 
 // finishRun records the outcome of run task t: done records succeeded
-// and, when err is not nil, the next one failed and the run held the
-// records up to end after it. It returns the lane's next task, as finish
-// does. Called with mu held.
-func (e *engine) finishRun(t *task, done int, err error, timedOut bool, end int, backoff time.Duration, now time.Time) *task {
+// and, when err is not nil, the next one failed. It returns the lane's
+// next task, as finish does. Called with mu held.
+func (e *engine) finishRun(t *task, done int, err error, timedOut bool, backoff time.Duration, now time.Time) *task {
 	ps := t.Value.part
 	if ps.status == dropped {
 		return e.finish(t, err, timedOut, backoff, now)
@@ -220,7 +223,9 @@ func (e *engine) finishRun(t *task, done int, err error, timedOut bool, end int,
 		return e.finish(t, nil, false, 0, now)
 	}
 	// The failed record becomes a task of its own, in the run's place on
-	// its lane, with the records after it right behind.
+	// its lane, with the records after it that the run still holds right
+	// behind (none if a split took them back while the record ran).
+	_, end := t.Value.run.cut(done + 1)
 	failed := e.recordTask(t, done)
 	failed.Value.attempts = 1
 	failed.Value.first, failed.Value.started = t.Value.first, t.Value.started

@@ -100,12 +100,56 @@ func TestRunGivesBackBehindAStuckRecord(t *testing.T) {
 		if _, ok := rt.Value.run.claim(); ok {
 			t.Fatal("the run's worker may still start a record it gave back")
 		}
-		next := e.finishRun(rt, 2, nil, false, 0, 0, time.Now())
+		next := e.finishRun(rt, 2, nil, false, 0, time.Now())
 		if next == nil || next.Value.rec.Offset != 4 {
 			t.Fatalf("finishing the run handed over %v, want offset 4, the next record of its key", next)
 		}
 		if start, _ := ps.win.Start(); start != 2 {
 			t.Fatalf("window start %d after the run finished, want 2", start)
+		}
+		e.stop = true
+		e.stopGuard()
+	})
+}
+
+// TestRunFailsAfterTheGuardSplit: a run's record fails, and the stuck
+// guard splits the wide lane before the worker takes the lock to finish
+// it. The run's records after the failed one are the split's to give
+// back, and keep their order: the failed record keeps its key's lane, the
+// later record of that key waits behind it, the other keys run. (The
+// worker used to take them out of the run before it locked; the split
+// then found none, and finishing the run panicked in sched.Replace.)
+func TestRunFailsAfterTheGuardSplit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, ps := runEngine(t, ByKey, 2, 3, 2, 4, 3, 0)
+		rt := takeRun(t, e, 2) // record 0 ran, record 1 (key 3) runs and fails
+		e.mu.Lock()            // one more record of key 2 waits on the wide lane
+		ps.bytes, e.bytes, e.pending = ps.bytes+1, e.bytes+1, e.pending+1
+		e.enterRecords(ps, []*kgo.Record{{Topic: "t", Offset: 6}}, []recMeta{{offset: 6, size: 1, lane: 2}})
+		e.mu.Unlock()
+		time.Sleep(awakeTick)
+		synctest.Wait()
+		time.Sleep(awakeTick)
+		synctest.Wait()
+
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if ps.wide {
+			t.Fatal("the wide lane did not split behind the stuck run")
+		}
+		e.running[0] = slotRecord{}
+		if next := e.finishRun(rt, 1, errors.New("boom"), false, time.Hour, time.Now()); next != nil {
+			t.Fatalf("finishing the failed run handed over offset %d; want nothing: its key waits for the retry", next.Value.rec.Offset)
+		}
+		var ready []*task
+		for r := e.ready.Pop(); r != nil; r = e.ready.Pop() {
+			ready = append(ready, r)
+		}
+		if got := offsetsOf(ready); !slices.Equal(got, []int64{2, 3, 5}) {
+			t.Fatalf("ready offsets %v, want [2 3 5]: keys 2 and 4 and the record without a key", got)
+		}
+		if start, _ := ps.win.Start(); start != 1 {
+			t.Fatalf("window start %d, want 1, the failed record", start)
 		}
 		e.stop = true
 		e.stopGuard()
@@ -126,7 +170,7 @@ func TestRunGivesBackWhenItsPartitionIsRevoked(t *testing.T) {
 			t.Fatal("the run of a revoked partition may still start a record")
 		}
 		e.running[0] = slotRecord{}
-		e.finishRun(rt, 1, nil, false, 0, 0, time.Now())
+		e.finishRun(rt, 1, nil, false, 0, time.Now())
 		if start, _ := ps.win.Start(); start != 1 || ps.win.Pending() != 3 {
 			t.Fatalf("window start %d with %d pending, want 1 and 3: the records the run did not start stay unfinished",
 				start, ps.win.Pending())

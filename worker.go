@@ -80,7 +80,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 		steps++
 		var next *task
 		if t.Value.run != nil {
-			done, err, timedOut, end := e.runRun(ctx, slot, t, at, &shared, fast)
+			done, err, timedOut := e.runRun(ctx, slot, t, at, &shared, fast)
 			ran += done
 			var backoff time.Duration
 			if err != nil {
@@ -89,7 +89,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			}
 			e.mu.Lock()
 			e.running[slot] = slotRecord{}
-			next = e.finishRun(t, done, err, timedOut, end, backoff, at)
+			next = e.finishRun(t, done, err, timedOut, backoff, at)
 		} else {
 			ran++
 			e.stamp(t, at)
