@@ -123,7 +123,8 @@ func TestRunFailsAfterTheGuardSplit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e, ps := runEngine(t, ByKey, 2, 3, 2, 4, 3, 0)
 		rt := takeRun(t, e, 2) // record 0 ran, record 1 (key 3) runs and fails
-		e.mu.Lock()            // one more record of key 2 waits on the wide lane
+		// One more record of key 2 waits on the wide lane.
+		e.mu.Lock()
 		ps.bytes, e.bytes, e.pending = ps.bytes+1, e.bytes+1, e.pending+1
 		e.enterRecords(ps, []*kgo.Record{{Topic: "t", Offset: 6}}, []recMeta{{offset: 6, size: 1, lane: 2}})
 		e.mu.Unlock()
