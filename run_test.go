@@ -59,6 +59,15 @@ func takeRun(t *testing.T, e *engine, n int) *task {
 	return rt
 }
 
+// twoGuardTicks lets the stuck guard tick twice, in a synctest bubble:
+// a record that ran through both is stuck.
+func twoGuardTicks() {
+	for range 2 {
+		time.Sleep(awakeTick)
+		synctest.Wait()
+	}
+}
+
 func offsetsOf(ts []*task) []int64 {
 	var out []int64
 	for _, t := range ts {
@@ -77,10 +86,7 @@ func TestRunGivesBackBehindAStuckRecord(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e, ps := runEngine(t, ByKey, 2, 3, 2, 4, 3, 0)
 		rt := takeRun(t, e, 2) // record 0 ran, record 1 (key 3) runs
-		time.Sleep(awakeTick)
-		synctest.Wait()
-		time.Sleep(awakeTick)
-		synctest.Wait()
+		twoGuardTicks()
 
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -128,10 +134,7 @@ func TestRunFailsAfterTheGuardSplit(t *testing.T) {
 		ps.bytes, e.bytes, e.pending = ps.bytes+1, e.bytes+1, e.pending+1
 		e.enterRecords(ps, []*kgo.Record{{Topic: "t", Offset: 6}}, []recMeta{{offset: 6, size: 1, lane: 2}})
 		e.mu.Unlock()
-		time.Sleep(awakeTick)
-		synctest.Wait()
-		time.Sleep(awakeTick)
-		synctest.Wait()
+		twoGuardTicks()
 
 		e.mu.Lock()
 		defer e.mu.Unlock()
