@@ -51,7 +51,8 @@ exits 1.`, stderr)
 	progressFile := fs.String("progress", "", "keep the progress in `FILE` and resume from it (default none: a new run starts over)")
 	progressInterval := fs.Duration("progress-interval", time.Second, "save the progress at most this often (and at the end)")
 	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered")
-	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` (default <topic>.dlq)")
+	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`, as kpar forward's: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (default the cluster read, --dlq-topic)")
+	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq)")
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
 	if code, ok := fs.parseArgs(args, "brokers", "topic", "from", "to", "url"); !ok {
@@ -89,11 +90,20 @@ exits 1.`, stderr)
 	if !ok {
 		return code
 	}
-	if *dlqTopic == "" {
-		*dlqTopic = *topic + ".dlq"
+	sink, err := parseDeadLetters(*deadLetters)
+	if err != nil {
+		return fs.usageError("invalid --dead-letters: %v", err)
 	}
-	if *dlqTopic == *topic {
-		return fs.usageError("invalid --dlq-topic %q: it is the topic being read", *dlqTopic)
+	if *dlqTopic != "" && sink.scheme != "kafka" {
+		return fs.usageError("invalid --dlq-topic: it names a Kafka topic, and --dead-letters is %s://", sink.scheme)
+	}
+	if sink.scheme == "kafka" && sink.topic == "" {
+		if sink.topic = *dlqTopic; sink.topic == "" {
+			sink.topic = *topic + ".dlq"
+		}
+	}
+	if sink.scheme == "kafka" && sink.topic == *topic {
+		return fs.usageError("invalid --dlq-topic %q: it is the topic being read", sink.topic)
 	}
 	fwdOpts, code, ok := req.opts(fs, forward.Concurrency(*concurrency), forward.Timeout(*att.timeout))
 	if !ok {
@@ -113,11 +123,12 @@ exits 1.`, stderr)
 	if sec.plainTextPassword() {
 		log.Warn("SASL PLAIN without TLS sends the password in clear text; add --tls or --tls-ca")
 	}
-	// Dead letters go to forward's default sink, through a producer
-	// client of their own: each on the partition matching its original.
-	dl, closeSink, err := deadLetterSink{scheme: "kafka", topic: *dlqTopic}.open(ctx, seeds, secOpts, log)
+	// Dead letters go where kpar forward's would; a Kafka sink has a
+	// producer client of its own and puts each letter on the partition
+	// matching its original.
+	dl, closeSink, err := sink.open(ctx, seeds, secOpts, log)
 	if err != nil {
-		return fail("kpar backfill: creating the dead-letter client", err)
+		return fail("kpar backfill: opening the dead-letter sink", err)
 	}
 	defer closeSink()
 
@@ -138,7 +149,7 @@ exits 1.`, stderr)
 	}
 	log.Info("kpar backfill starting", "brokers", strings.Join(seeds, ","), "topic", *topic,
 		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
-		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dlq_topic", *dlqTopic)
+		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe())
 
 	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
 		return code

@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,6 +134,51 @@ func TestBackfillSIGKILLAndResumeLosesNothing(t *testing.T) {
 	t.Logf("kill repeated %d records (finished above the saved progress); %s", repeats, strings.TrimSpace(line))
 }
 
+// TestBackfillDeadLettersToAFile: `kpar backfill --dead-letters file://`
+// writes the records the endpoint refuses (400) to the file, one JSON line
+// each, and its summary counts them.
+func TestBackfillDeadLettersToAFile(t *testing.T) {
+	t.Parallel()
+	bin, ctx := e2e(t, time.Minute)
+	addr := testkit.Cluster(t, kfake.SeedTopics(1, "bfdl"), kfake.AllowAutoTopicCreation()).ListenAddrs()[0]
+	const n = 100
+	produceIndexed(ctx, t, "bfdl", n, 10, kgo.SeedBrokers(addr))
+	ep := newEndpoint(t, func(i, attempt int) reply {
+		if i%10 == 0 {
+			return reply{status: http.StatusBadRequest}
+		}
+		return reply{}
+	})
+	file := filepath.Join(t.TempDir(), "dlq.jsonl")
+	var stdout bytes.Buffer
+	p := startBackfill(ctx, t, bin, &stdout, "--brokers", addr, "--topic", "bfdl", "--from", "0", "--to", strconv.Itoa(n),
+		"--url", ep.srv.URL, "--dead-letters", "file://"+file)
+	if code := p.wait(ctx, t); code != 0 {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, tail(p.stderr))
+	}
+	if !strings.Contains(stdout.String(), ", 10 dead-lettered, ") {
+		t.Errorf("summary %q, want 10 dead-lettered", strings.TrimSpace(stdout.String()))
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offsets []int64
+	for line := range bytes.Lines(b) {
+		var l struct {
+			Offset int64 `json:"offset"`
+		}
+		if err := json.Unmarshal(line, &l); err != nil {
+			t.Fatalf("dead letter %q: %v", line, err)
+		}
+		offsets = append(offsets, l.Offset)
+	}
+	slices.Sort(offsets)
+	if want := []int64{0, 10, 20, 30, 40, 50, 60, 70, 80, 90}; !slices.Equal(offsets, want) {
+		t.Errorf("dead-lettered offsets %v, want %v", offsets, want)
+	}
+}
+
 func TestBackfillRejectsBadRangesAndFlags(t *testing.T) {
 	addr := testkit.Cluster(t, kfake.SeedTopics(2, "bf")).ListenAddrs()[0]
 	produceIndexed(t.Context(), t, "bf", 100, 2, kgo.SeedBrokers(addr), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
@@ -158,6 +207,9 @@ func TestBackfillRejectsBadRangesAndFlags(t *testing.T) {
 		{"no to", base("--from", "0"), "--to"},
 		{"partitions", base("--from", "0", "--to", "1", "--partitions", "0,x"), "--partitions"},
 		{"readers", base("--from", "0", "--to", "1", "--readers", "0"), "--readers"},
+		{"dead-letters", base("--from", "0", "--to", "1", "--dead-letters", "ftp://x"), "invalid --dead-letters"},
+		{"dlq-topic with a file sink", base("--from", "0", "--to", "1", "--dead-letters", "file:///tmp/x", "--dlq-topic", "d"), "--dlq-topic: it names a Kafka topic"},
+		{"dlq-topic read", base("--from", "0", "--to", "1", "--dlq-topic", "bf"), "it is the topic being read"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer

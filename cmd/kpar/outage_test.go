@@ -210,8 +210,9 @@ func outageWays() []outageWay {
 		{name: "forward-share", command: "forward", fileDLQ: true, args: func(dlq string) []string {
 			return []string{"--share-group", "sg", "--dead-letters", "file://" + dlq}
 		}},
-		// kpar backfill has no --dead-letters: its letters go to the
-		// cluster's <topic>.dlq.
+		// kpar backfill's dead letters go to its default sink, the
+		// cluster's <topic>.dlq (TestBackfillDeadLettersToAFile tries
+		// --dead-letters).
 		{name: "backfill", command: "backfill", endsByItself: true, args: func(string) []string {
 			return []string{"--from", "0", "--to", strconv.Itoa(outageRecords)}
 		}},
