@@ -169,16 +169,19 @@ func writeQueued[T any](ctx context.Context, wake <-chan struct{}, mu *sync.Mute
 func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	var toRetry, toDead []*task
 	for _, t := range batch {
-		if x := t.Value.x; x.class != deadletter.ClassPermanent && x.level < len(e.cfg.retryTopics) {
-			toRetry = append(toRetry, t)
-		} else {
+		if e.toDeadLetters(t.Value.x) {
 			toDead = append(toDead, t)
+		} else {
+			toRetry = append(toRetry, t)
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		err := e.writeRetries(ctx, toRetry)
+		refused, err := e.writeRetries(ctx, toRetry)
 		if err == nil {
 			toRetry = nil
+			// Retrying cannot make them fit: the dead-letter sink
+			// writes what it can of them (a Kafka sink cuts them).
+			toDead = append(toDead, refused...)
 			err = e.writeDeadLetters(ctx, toDead)
 		}
 		if err == nil {
@@ -202,7 +205,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 		if t.Value.part.status == dropped {
 			continue
 		}
-		if t.Value.x.level >= len(e.cfg.retryTopics) || t.Value.x.class == deadletter.ClassPermanent {
+		if e.toDeadLetters(t.Value.x) {
 			e.deadLettered++
 		}
 		if next := e.complete(t); next != nil {
@@ -213,6 +216,13 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	e.wake(handedOver)
 	e.mu.Unlock()
 	return true
+}
+
+// toDeadLetters reports whether an exiled record goes to the dead-letter
+// sink rather than to its next retry topic: it failed for good, it used
+// the last retry topic, or that topic refused it as too large.
+func (e *engine) toDeadLetters(x *extra) bool {
+	return x.class == deadletter.ClassPermanent || x.level >= len(e.cfg.retryTopics) || x.retryRefused
 }
 
 // sinkBackoff spaces out writes to a failing retry topic or sink: full

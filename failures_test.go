@@ -3,6 +3,7 @@ package kpar
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -391,6 +393,78 @@ func (w *outageWatch) waitFailedWrite(t *testing.T, msg string) {
 	case <-time.After(20 * time.Second):
 		t.Fatal(msg)
 	}
+}
+
+// TestRetryTopicTooLargeGoesToTheDeadLetters: a failed record its retry
+// topic refuses as too large (max.message.bytes) goes to the dead letters,
+// saying why, instead of holding its partition's commits for ever; the
+// records behind it are committed.
+func TestRetryTopicTooLargeGoesToTheDeadLetters(t *testing.T) {
+	const n, big = 10, 3
+	c := newCluster(t, "rtbig", 1)
+	topic := nameIn(c, "rtbig")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	maxBytes := "4096"
+	if _, err := kadm.NewClient(cl).CreateTopic(t.Context(), 1, 1, map[string]*string{"max.message.bytes": &maxBytes}, RetryTopic(topic, 1)); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range n {
+		v := fmt.Appendf(nil, "v%d", i)
+		if i == big {
+			v = make([]byte, 16<<10) // random: compressed, it stays too large
+			rand.Read(v)
+		}
+		recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "k%d", i), Value: v})
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	sink := &signalSink{got: make(chan struct{})}
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		if r.Offset == big {
+			return errors.New("downstream busy")
+		}
+		return nil
+	})
+	cons, err := New(h, append(testOpts(c, "g", "rtbig"), MaxAttempts(1), RetryTopics(time.Minute), DeadLetters(sink))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, sink.got, 30*time.Second, "the dead letter of the record too large for its retry topic")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.letters) != 1 || sink.letters[0].Record.Offset != big {
+		t.Fatalf("dead letters %v, want offset %d alone", sink.letters, big)
+	}
+	if msg := sink.letters[0].Message; !strings.Contains(msg, "downstream busy") || !strings.Contains(msg, "refused it as too large") {
+		t.Errorf("dead letter message %q, want the handler's error and the retry topic's refusal", msg)
+	}
+	if committed, _ := offsets(t, c, "g", "rtbig"); committed[0] != n {
+		t.Errorf("committed %d, want %d: the partition stalled behind the refused record", committed[0], n)
+	}
+}
+
+// signalSink is a memSink that closes got at its first write.
+type signalSink struct {
+	memSink
+	got  chan struct{}
+	once sync.Once
+}
+
+func (s *signalSink) Write(ctx context.Context, ls []deadletter.Letter) error {
+	err := s.memSink.Write(ctx, ls)
+	s.once.Do(func() { close(s.got) })
+	return err
 }
 
 // TestRetryTopicDelaysWithoutBlocking: a record that fails its local

@@ -445,7 +445,9 @@ func DeadLetters(s deadletter.Sink) FlowOpt {
 // local attempts are exhausted is produced to <topic>.retry.<n> (n from 1)
 // with a due time delays[n-1] later, and consumed by the same Consumer no
 // earlier than that, without holding back its original partition. After the
-// last retry topic comes the dead-letter sink. Default: none.
+// last retry topic comes the dead-letter sink, and so does a record its
+// retry topic refuses as too large (MESSAGE_TOO_LARGE), at once: no retry
+// would make it fit. Default: none.
 //
 // A record sent to a retry topic leaves its key's (and partition's) order,
 // as Spring Kafka's non-blocking retries do: the records after it go on,

@@ -51,6 +51,9 @@ type extra struct {
 	// outputs are what the record's successful attempt emitted, kept for
 	// the transaction that commits the record (ExactlyOnce).
 	outputs []*kgo.Record
+	// retryRefused: its next retry topic refused it as too large, so it
+	// goes to the dead letters instead (writeExiled). Set under mu.
+	retryRefused bool
 
 	// Records consumed from a retry topic: the level n of <topic>.retry.<n>,
 	// when they are due, the attempts before this level, and the original

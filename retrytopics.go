@@ -244,10 +244,12 @@ func decodeRetry(it *item, level int) error {
 }
 
 // writeRetries produces records to their next retry topic and waits for the
-// acknowledgements.
-func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
+// acknowledgements. It returns the records the topic (or the producer)
+// refused as too large, marked for the dead letters: no retry makes them
+// fit, and waiting for one would hold their partitions for ever.
+func (e *engine) writeRetries(ctx context.Context, ts []*task) (refused []*task, err error) {
 	if len(ts) == 0 {
-		return nil
+		return nil, nil
 	}
 	now := time.Now()
 	recs := make([]*kgo.Record, len(ts))
@@ -278,12 +280,46 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) error {
 		for i, t := range ts {
 			t.Value.x.outputs = append(t.Value.x.outputs, recs[i])
 		}
-	} else if err := e.producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return fmt.Errorf("producing to retry topics: %w", err)
+	} else {
+		results := e.producer.ProduceSync(ctx, recs...)
+		tooBig := make([]error, len(recs))
+		for i, r := range results {
+			switch {
+			case r.Err == nil:
+			case errors.Is(r.Err, kerr.MessageTooLarge) || errors.Is(r.Err, kerr.RecordListTooLarge):
+				tooBig[i] = r.Err
+			default:
+				return nil, fmt.Errorf("producing to retry topics: %w", r.Err)
+			}
+		}
+		for i, t := range ts {
+			if tooBig[i] == nil {
+				continue
+			}
+			refused = append(refused, t)
+			e.log.Warn("kpar: the retry topic refused a record as too large; it goes to the dead letters instead (raise the retry topic's max.message.bytes to keep such records retrying)",
+				"topic", recs[i].Topic, "original_offset", t.Value.original().Offset, "err", tooBig[i])
+		}
+		if refused != nil {
+			e.mu.Lock()
+			for i, t := range ts {
+				if x := t.Value.x; tooBig[i] != nil {
+					x.retryRefused = true
+					refusal := fmt.Errorf("its retry topic %s refused it as too large: %w", recs[i].Topic, tooBig[i])
+					if x.lastErr != nil {
+						refusal = fmt.Errorf("%w; %w", x.lastErr, refusal)
+					}
+					x.lastErr = refusal
+				}
+			}
+			e.mu.Unlock()
+		}
 	}
 	for i, t := range ts {
-		e.log.Info("kpar: record sent to retry topic", "topic", recs[i].Topic,
-			"original_offset", t.Value.original().Offset, "due_in", e.cfg.retryTopics[t.Value.level()])
+		if !t.Value.x.retryRefused {
+			e.log.Info("kpar: record sent to retry topic", "topic", recs[i].Topic,
+				"original_offset", t.Value.original().Offset, "due_in", e.cfg.retryTopics[t.Value.level()])
+		}
 	}
-	return nil
+	return refused, nil
 }
