@@ -141,6 +141,15 @@ func (g *groupSource) encode(todo []commitPart) (map[string]map[int32]kgo.EpochO
 	return offsets, byTP
 }
 
+// commitRequestBytes is req's encoded size, for HookCommitRequest. The
+// version is chosen when the request is sent; it is sized as v9, the
+// flexible form Kafka 2.8 to 4.x brokers take.
+func commitRequestBytes(req *kmsg.OffsetCommitRequest) int {
+	sized := *req
+	sized.Version = 9
+	return len(sized.AppendTo(nil))
+}
+
 // commitParts commits todo with one OffsetCommit. Called with g.commitMu
 // held.
 func (g *groupSource) commitParts(ctx context.Context, todo []commitPart) ([]*partState, error) {
@@ -161,11 +170,7 @@ func (g *groupSource) commitParts(ctx context.Context, todo []commitPart) ([]*pa
 			}
 		}
 		if len(e.hooks.commitReq) > 0 {
-			// The version is chosen when the request is sent; size it
-			// as v9, the flexible form Kafka 2.8 to 4.x brokers take.
-			sized := *req
-			sized.Version = 9
-			reqBytes = len(sized.AppendTo(nil))
+			reqBytes = commitRequestBytes(req)
 		}
 		return nil
 	})

@@ -44,7 +44,7 @@ type HookCommit interface {
 
 // HookCommitRequest is called after each OffsetCommit request a consumer
 // group member sent (commits, retries of a commit with a smaller metadata,
-// revokes, the final commit), with the partitions it carried, its encoded
+// revokes, the final commit; RunMembers' commits too), with the partitions it carried, its encoded
 // size in bytes (the finished-offsets metadata included) and its error: what
 // commits cost the group's coordinator, which every member of a group
 // writes to.

@@ -38,8 +38,9 @@ const membersPollRecords = 500
 //
 // Throughput is bounded by one record at a time per member, and a member
 // with no partition sits idle: use n <= the number of partitions. Consumer
-// (New and Run) instead runs many records per partition at once. Hooks for dispatch, completion, failures, commits,
-// assignments and revocations are called; pause and resume never happen.
+// (New and Run) instead runs many records per partition at once. Hooks for
+// dispatch, completion, failures, commits, commit requests, assignments
+// and revocations are called; pause and resume never happen.
 //
 // RunMembers returns nil after a clean shutdown, or the first fatal error
 // (such as an authentication failure), after every member has stopped.
@@ -263,6 +264,16 @@ func (m *member) commit(ctx context.Context, offsets map[string]map[int32]kgo.Ep
 			asked[t][p] = eo.Offset
 		}
 	}
+	var reqParts, reqBytes int
+	if len(m.hooks.commitReq) > 0 {
+		cctx = kgo.PreCommitFnContext(cctx, func(req *kmsg.OffsetCommitRequest) error {
+			for _, t := range req.Topics {
+				reqParts += len(t.Partitions)
+			}
+			reqBytes = commitRequestBytes(req)
+			return nil
+		})
+	}
 	var commitErr error
 	m.cl.CommitOffsetsSync(cctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
@@ -284,5 +295,8 @@ func (m *member) commit(ctx context.Context, offsets map[string]map[int32]kgo.Ep
 	}
 	for _, h := range m.hooks.commit {
 		h.OnCommit(asked, commitErr)
+	}
+	for _, h := range m.hooks.commitReq {
+		h.OnCommitRequest(reqParts, reqBytes, commitErr)
 	}
 }

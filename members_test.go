@@ -65,9 +65,9 @@ func TestRunMembersHandlesEverythingInPartitionOrder(t *testing.T) {
 		}
 		return nil
 	})
-	assigns := &assignCounter{}
+	assigns, requests := &assignCounter{}, &commitRequestCounter{}
 	err = kpar.RunMembers(ctx, 3, h,
-		kpar.WithHooks(assigns),
+		kpar.WithHooks(assigns, requests),
 		kpar.Brokers(cluster.ListenAddrs()...),
 		kpar.Group("members"),
 		kpar.Topics("orders"),
@@ -79,6 +79,11 @@ func TestRunMembersHandlesEverythingInPartitionOrder(t *testing.T) {
 	}
 	if n := assigns.count(); n < 2 {
 		t.Errorf("%d assignments seen, want one per member that got partitions (at least 2)", n)
+	}
+	// Every commit is one request of at least one partition; each offset
+	// alone takes more than 16 bytes on the wire.
+	if r := requests.get(); r.requests == 0 || r.partitions < r.requests || r.bytes < 16*r.partitions {
+		t.Errorf("commit requests reported: %+v; want some, each with a partition and its bytes", r)
 	}
 	if len(handled) != records {
 		t.Fatalf("handled %d of %d records before the deadline", len(handled), records)
@@ -169,6 +174,26 @@ func (a *assignCounter) OnPartitionsAssigned(m map[string][]int32) {
 		a.n++
 		a.mu.Unlock()
 	}
+}
+
+// commitRequestCounter sums what HookCommitRequest reports.
+type commitRequestCounter struct {
+	mu sync.Mutex
+	r  struct{ requests, partitions, bytes int }
+}
+
+func (c *commitRequestCounter) OnCommitRequest(partitions, bytes int, _ error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.r.requests++
+	c.r.partitions += partitions
+	c.r.bytes += bytes
+}
+
+func (c *commitRequestCounter) get() struct{ requests, partitions, bytes int } {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.r
 }
 
 func (a *assignCounter) count() int {
