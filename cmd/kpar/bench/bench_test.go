@@ -211,9 +211,15 @@ func TestRunSmallCommits(t *testing.T) {
 		if ct.GroupCommitsPerSec <= 0 || ct.PartitionsPerCommit < 1 || ct.BytesPerCommit <= 0 || ct.CommitRTTMs <= 0 || res.RecordsPerSec <= 0 {
 			t.Errorf("%s: %+v", res.Variant, *ct)
 		}
-		// Every request kpar reported reached the broker; the window's
-		// edges may split one.
-		if d := ct.BrokerCommitsPerSec - ct.GroupCommitsPerSec; d*ct.WindowSeconds > 2 || d*ct.WindowSeconds < -2 {
+		// Every request kpar reported reached the broker. The broker
+		// counts a request when it arrives, the hook when its answer
+		// does, so at each edge of the window a member's request in
+		// flight (one at a time: its commits are serial) counts on one
+		// side only: up to one per member, either way. (A bound of 2
+		// failed 2 of 20 -race runs beside two CPU hogs with 3 members:
+		// 3 more at the broker.)
+		tol := float64(ct.Members)
+		if d := ct.BrokerCommitsPerSec - ct.GroupCommitsPerSec; d*ct.WindowSeconds > tol+0.5 || d*ct.WindowSeconds < -tol-0.5 {
 			t.Errorf("%s: hook %.1f commits/s, broker %.1f", res.Variant, ct.GroupCommitsPerSec, ct.BrokerCommitsPerSec)
 		}
 		// A 10ms interval at most: 100 a second per member, and a
