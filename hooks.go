@@ -44,10 +44,13 @@ type HookCommit interface {
 
 // HookCommitRequest is called after each OffsetCommit request a consumer
 // group member sent (commits, retries of a commit with a smaller metadata,
-// revokes, the final commit; RunMembers' commits too), with the partitions it carried, its encoded
-// size in bytes (the finished-offsets metadata included) and its error: what
-// commits cost the group's coordinator, which every member of a group
-// writes to.
+// revokes, the final commit; RunMembers' commits too), with the partitions
+// it carried, its encoded size in bytes (the finished-offsets metadata
+// included) and its error: what commits cost the group's coordinator,
+// which every member of a group writes to. A request cancelled while in
+// flight (a commit under way when shutdown began, its error
+// context.Canceled) is reported too, though it may not have reached the
+// broker.
 type HookCommitRequest interface {
 	OnCommitRequest(partitions, bytes int, err error)
 }

@@ -16,10 +16,23 @@ import (
 )
 
 // commitBytes is a kpar.HookCommitRequest that adds up the bytes it is
-// told of, to compare the counter with.
-type commitBytes struct{ atomic.Int64 }
+// told of, to compare the counter with, and counts the requests cancelled
+// in flight, which may or may not have reached the broker.
+type commitBytes struct {
+	atomic.Int64
+	mu                                sync.Mutex
+	cancelledRequests, cancelledParts int
+}
 
-func (c *commitBytes) OnCommitRequest(_, bytes int, _ error) { c.Add(int64(bytes)) }
+func (c *commitBytes) OnCommitRequest(partitions, bytes int, err error) {
+	c.Add(int64(bytes))
+	if errors.Is(err, context.Canceled) {
+		c.mu.Lock()
+		c.cancelledRequests++
+		c.cancelledParts += partitions
+		c.mu.Unlock()
+	}
+}
 
 // TestCommitRequestCountersMatchTheBroker runs a member on 4 partitions and
 // compares its commit-traffic counters with the OffsetCommit requests the
@@ -70,12 +83,20 @@ func TestCommitRequestCountersMatchTheBroker(t *testing.T) {
 	nbytes := sum(t, reg, "kpar_commit_request_bytes_total", nil)
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("%v requests, %v partitions, %v bytes (%d at the wire version)", reqs, parts, nbytes, wireBytes)
-	if reqs < 2 || reqs != float64(atBroker) {
-		t.Errorf("kpar_commit_requests_total = %v, want the %d OffsetCommit requests the broker received (at least 2)", reqs, atBroker)
+	told.mu.Lock()
+	cancelled, cancelledParts := told.cancelledRequests, told.cancelledParts
+	told.mu.Unlock()
+	t.Logf("%v requests, %v partitions, %v bytes (%d at the wire version), %d cancelled in flight", reqs, parts, nbytes, wireBytes, cancelled)
+	// A request cancelled in flight at shutdown counts whether or not
+	// it reached the broker: in 60 -race runs beside two CPU hogs, 1 of
+	// 4 such requests had not.
+	if reqs < 2 || reqs < float64(atBroker) || reqs > float64(atBroker+cancelled) {
+		t.Errorf("kpar_commit_requests_total = %v, want the %d OffsetCommit requests the broker received (at least 2), plus at most the %d cancelled in flight",
+			reqs, atBroker, cancelled)
 	}
-	if parts < reqs || parts != float64(partsSeen) {
-		t.Errorf("kpar_commit_request_partitions_total = %v, want the %d partitions the broker received, at least one per request", parts, partsSeen)
+	if parts < reqs || parts < float64(partsSeen) || parts > float64(partsSeen+cancelledParts) {
+		t.Errorf("kpar_commit_request_partitions_total = %v, want the %d partitions the broker received (plus at most the %d of requests cancelled in flight), at least one per request",
+			parts, partsSeen, cancelledParts)
 	}
 	if nbytes != float64(told.Load()) || nbytes < 20*reqs {
 		t.Errorf("kpar_commit_request_bytes_total = %v, want the %d bytes the hook reported, at least 20 a request", nbytes, told.Load())

@@ -41,7 +41,7 @@
 // __consumer_offsets partition, on the group's coordinator. Three counters,
 // from kpar.HookCommitRequest, say what one member costs it:
 //
-//	<ns>_commit_requests_total           OffsetCommit requests sent (commits, retries with smaller metadata, revokes, the final commit)
+//	<ns>_commit_requests_total           OffsetCommit requests sent (commits, retries with smaller metadata, revokes, the final commit; one cancelled in flight at shutdown too)
 //	<ns>_commit_request_bytes_total      their encoded size, the finished-offsets metadata included
 //	<ns>_commit_request_partitions_total partitions they carried
 //
