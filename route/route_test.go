@@ -184,7 +184,7 @@ func TestMissingFieldsAreNoMatchAndCounted(t *testing.T) {
 	}, rest)
 	handle(t, h,
 		jsonRecord(0, `{"customer":{"tier":"gold"}}`),
-		jsonRecord(1, `{"order":1}`),   // no customer: rule 1 fails, rule 2 is false
+		jsonRecord(1, `{"order":1}`),     // no customer: rule 1 fails, rule 2 is false
 		jsonRecord(2, `{"customer":{}}`), // rule 1 fails, rule 2 matches
 		jsonRecord(3, `not json`),        // both fail
 	)
