@@ -114,8 +114,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	var topics, topicRegex listFlag
 	fs.Var(&topics, "topic", "`TOPIC` to consume; repeat the flag or separate with commas for several (this or --topic-regex required)")
 	fs.Var(&topicRegex, "topic-regex", "consume every topic matching the regular expression `RE`, including later ones; repeatable (excludes --topic, --retry-topics)")
-	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
+	target := fs.String("url", "", "http or https `URL` to POST every record to (required unless --route is given; with --route, the records no route matches)")
 	req := addRequestFlags(fs)
+	routes := addRouteFlags(fs) // --filter, --route: route.go
 	var ord kpar.Order
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
@@ -141,7 +142,10 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
-	if code, ok := fs.parseArgs(args, "brokers", "url"); !ok {
+	if code, ok := fs.parseArgs(args, "brokers"); !ok {
+		return code
+	}
+	if code, ok := routes.checkTarget(fs, *target); !ok {
 		return code
 	}
 	share := strings.TrimSpace(*shareGroup) != ""
@@ -240,7 +244,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if !ok {
 		return code
 	}
-	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
+	h, secOpts, code, ok := routes.endpoints(fs, *target, *req.contentType, sec, fwdOpts...)
 	if !ok {
 		return code
 	}
@@ -349,7 +353,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStatus()
 	if metrics != nil {
-		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics, stall)
+		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics, stall, h.collectors()...)
 		if err != nil {
 			return fail("kpar forward: cannot serve --metrics-listen", err)
 		}
@@ -405,6 +409,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if *metricsListen != "" {
 		attrs = append(attrs, "metrics_listen", *metricsListen)
 	}
+	attrs = append(attrs, h.attrs()...)
 	log.Info("kpar forward starting", attrs...)
 
 	// A certificate that does not verify fails every request alike: a
@@ -433,6 +438,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	})
 	defer stopLog()
 
+	defer h.summarize(log, routeSummaryInterval, "kpar forward")()
 	err = c.Run(ctx)
 	if errors.Is(err, kpar.ErrFinalCommit) && ctx.Err() != nil {
 		// A requested stop whose last commit failed (a rebalance
@@ -522,7 +528,7 @@ func contentTypeFlag(fs *flagSet, contentType *string, extra http.Header) (code 
 // checkEndpoint checks the certificate of an https --url before the first
 // record (forward.Handler.CheckTLS): one that does not verify is a usage
 // error (exit 2), an endpoint that cannot be reached yet only a warning.
-func checkEndpoint(ctx context.Context, fs *flagSet, h *forward.Handler, timeout time.Duration, log *slog.Logger) (code int, ok bool) {
+func checkEndpoint(ctx context.Context, fs *flagSet, h interface{ CheckTLS(context.Context) error }, timeout time.Duration, log *slog.Logger) (code int, ok bool) {
 	cctx, cancel := context.WithTimeout(ctx, min(timeout, 10*time.Second))
 	defer cancel()
 	err := h.CheckTLS(cctx)
