@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -310,6 +311,16 @@ func TestForwardFilterInAShareGroupAcknowledgesFilteredRecords(t *testing.T) {
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// The live page draws the filter's row (when a browser is there).
+	if _, err := os.Stat(chromiumPath); err == nil {
+		dom := chromium(t, "--dump-dom", "http://"+status+"/")
+		for _, want := range []string{`<tr data-rule="filter"><td class="text">--filter</td><td class="text">value.kind != "c"</td>`,
+			fmt.Sprintf("filtered %d (finished without a request)", filtered), "no such key"} {
+			if !strings.Contains(dom, want) {
+				t.Errorf("the status page lacks %q; DOM:\n%s", want, dom)
+			}
 		}
 	}
 	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
