@@ -256,6 +256,9 @@ func TestRecordVariables(t *testing.T) {
 		`"b" in value.tags && size(value.tags) == 2`,
 		`value.ok && value.none == null`,
 		`value.id + 1 == 9007199254740994`, // an int, not a double
+		`value.?customer.tier.orValue("none") == "none" && value.?price.orValue(0) == 9.5`,
+		`headers.source.upperAscii() == "WEB" && key.split("-")[1] == "7"`,
+		`value["price"] >= 9 && !has(value.customer)`,
 	} {
 		t.Run(expr, func(t *testing.T) {
 			hit, miss := &recorder{}, &recorder{}

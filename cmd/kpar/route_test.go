@@ -7,16 +7,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/route"
 )
 
 // Records of the route tests: record i has the JSON value
@@ -401,4 +406,53 @@ func TestFilterAndRouteFlagErrorsExit2(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRouteSummaryLogsChangesEachIntervalAndTheTotals checks the log
+// summary in virtual time: a line for each interval in which something
+// happened, none for a quiet one, a warning naming an expression that
+// failed, and the totals at the end.
+func TestRouteSummaryLogsChangesEachIntervalAndTheTotals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		nop := kpar.HandlerFunc(func(context.Context, *kgo.Record) error { return nil })
+		router, err := route.New([]route.Rule{{Expr: `value.kind == "a"`, Handler: nop}}, nil, route.ContentType("application/json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := &endpoints{router: router, handler: router, specs: []routeSpec{{`value.kind == "a"`, "http://127.0.0.1:1/a"}}}
+		var out bytes.Buffer
+		log := slog.New(slog.NewTextHandler(&out, nil))
+		send := func(vs ...string) {
+			for _, v := range vs {
+				if err := e.Handle(t.Context(), &kgo.Record{Value: []byte(v)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		lines := func() []string { return strings.Split(strings.TrimSpace(out.String()), "\n") }
+
+		stop := e.summarize(log, 10*time.Second, "kpar forward")
+		send(`{"kind":"a"}`, `{"kind":"b"}`, `{"kind":"a"}`)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if l := lines(); len(l) != 1 || !strings.Contains(l[0], `filter and routes in the last 10s" filtered=1 route_1=2 expression_errors=0`) {
+			t.Fatalf("after the first interval the log is:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Second) // nothing happened
+		synctest.Wait()
+		if l := lines(); len(l) != 1 {
+			t.Fatalf("a quiet interval was logged:\n%s", out.String())
+		}
+		send(`{"other":1}`)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if l := lines(); len(l) != 3 || !strings.Contains(l[1], "filtered=1 route_1=0 expression_errors=1") ||
+			!strings.Contains(l[2], `level=WARN`) || !strings.Contains(l[2], `flag="--route 1"`) || !strings.Contains(l[2], `last_error="no such key: kind"`) {
+			t.Fatalf("after a failed evaluation the log is:\n%s", out.String())
+		}
+		stop()
+		if l := lines(); len(l) != 4 || !strings.Contains(l[3], `filter and routes, totals" filtered=2 route_1=2 expression_errors=1`) {
+			t.Fatalf("after stop the log is:\n%s", out.String())
+		}
+	})
 }
