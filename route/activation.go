@@ -1,13 +1,7 @@
 package route
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
-	"io"
-	"math"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -157,57 +151,4 @@ func isJSON(mediaType string) bool {
 	t, _, _ := strings.Cut(mediaType, ";")
 	t = strings.ToLower(strings.TrimSpace(t))
 	return t == "application/json" || strings.HasSuffix(t, "+json") && strings.Contains(t, "/")
-}
-
-// parseJSON parses b, one JSON value, into the Go values CEL adapts:
-// map[string]any, []any, string, bool, nil, and numbers as int64 (uint64
-// above int64, float64 beyond or with a fraction or exponent), so that
-// long IDs compare exactly. A value that is not JSON is a CEL error.
-func parseJSON(b []byte, what string) any {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return types.NewErr("%s is not JSON: %v", what, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return types.NewErr("%s is not JSON: more than one value", what)
-	}
-	return numbers(v)
-}
-
-// numbers replaces the json.Numbers in v, in place.
-func numbers(v any) any {
-	switch x := v.(type) {
-	case json.Number:
-		return number(string(x))
-	case map[string]any:
-		for k, e := range x {
-			switch e.(type) {
-			case json.Number, map[string]any, []any:
-				x[k] = numbers(e)
-			}
-		}
-	case []any:
-		for i, e := range x {
-			x[i] = numbers(e)
-		}
-	}
-	return v
-}
-
-func number(s string) any {
-	if !strings.ContainsAny(s, ".eE") {
-		if i, err := strconv.ParseInt(s, 10, 64); err == nil {
-			return i
-		}
-		if u, err := strconv.ParseUint(s, 10, 64); err == nil {
-			return u
-		}
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil && !math.IsInf(f, 0) {
-		return types.NewErr("number %s: %v", s, err)
-	}
-	return f
 }
