@@ -96,4 +96,3 @@ func checkParseJSON(t *testing.T, b []byte) {
 		t.Fatalf("parseJSON(%q) = %#v, want %#v", b, got, want)
 	}
 }
-
