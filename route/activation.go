@@ -27,11 +27,20 @@ type activation struct {
 	decodeErr   error // the Decoder's error: the record's, not the expression's
 
 	value, key, headers any // nil: not built yet
+
+	// What choose found, counted once the record's outcome is final.
+	passed bool      // the filter was true
+	chosen *program  // the rule that matched; nil: the fallback, or none
+	fails  []failure // the evaluations that failed
 }
 
 var _ interpreter.Activation = (*activation)(nil)
 
-func (a *activation) reset() { *a = activation{h: a.h} }
+// reset empties a for the pool, keeping the room of its fails.
+func (a *activation) reset() {
+	clear(a.fails)
+	*a = activation{h: a.h, fails: a.fails[:0]}
+}
 
 // Parent is nil: the record's variables are all there is.
 func (a *activation) Parent() interpreter.Activation { return nil }

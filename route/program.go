@@ -112,26 +112,30 @@ func compile(env *cel.Env, expr string, n int) (*program, error) {
 func tidy(msg string) string { return strings.TrimSuffix(msg, " (in container '')") }
 
 // eval evaluates p on a's record. An evaluation that fails, or gives a
-// value that is not a bool, is false, and counted. The error returned is
-// the Decoder's, when p needed the decoded record and it failed.
+// value that is not a bool, is false, and noted in a for the counts. The
+// error returned is the Decoder's, when p needed the decoded record and it
+// failed.
 func (p *program) eval(a *activation) (bool, error) {
 	out, _, err := p.prg.Eval(a)
 	if a.decodeErr != nil {
 		return false, a.decodeErr
 	}
 	if err != nil {
-		p.failed(err.Error())
+		a.fails = append(a.fails, failure{p, err.Error()})
 		return false, nil
 	}
 	b, ok := out.(types.Bool)
 	if !ok {
-		p.failed(fmt.Sprintf("gave %s %v, not a bool", out.Type().TypeName(), out))
+		a.fails = append(a.fails, failure{p, fmt.Sprintf("gave %s %v, not a bool", out.Type().TypeName(), out)})
 		return false, nil
 	}
-	if b {
-		p.matched.Add(1)
-	}
 	return bool(b), nil
+}
+
+// failure is an evaluation that failed on a record.
+type failure struct {
+	p   *program
+	msg string
 }
 
 func (p *program) failed(msg string) {

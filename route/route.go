@@ -91,30 +91,39 @@ func New(rules []Rule, fallback kpar.Handler, opts ...Opt) (*Handler, error) {
 // could not be decoded, and otherwise what the chosen handler returns.
 func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	a := h.pool.Get().(*activation)
+	defer h.release(a)
 	a.ctx, a.r = ctx, r
 	next, err := h.choose(a)
-	decoded, d := a.decoded, a.d
-	a.reset()
-	h.pool.Put(a)
 	switch {
 	case err != nil:
+		// Held (the registry is down) or dead-lettered for it; the
+		// evaluations it cut short are not counted.
 		return err
 	case next == nil:
+		h.count(a)
 		h.filtered.Add(1)
 		return nil
-	case decoded:
-		ctx = forward.WithDecoded(ctx, r, d)
+	case a.decoded:
+		ctx = forward.WithDecoded(ctx, r, a.d)
 	}
-	return next.Handle(ctx, r)
+	err = next.Handle(ctx, r)
+	if err == nil || kpar.IsPermanent(err) {
+		// The record's last attempt: count it once, however many
+		// attempts before failed.
+		h.count(a)
+	}
+	return err
 }
 
-// choose returns the handler for a's record, nil when it is filtered.
+// choose returns the handler for a's record, nil when it is filtered, and
+// notes in a what matched and what failed, for count.
 func (h *Handler) choose(a *activation) (kpar.Handler, error) {
 	if h.filter != nil {
 		ok, err := h.filter.eval(a)
 		if err != nil || !ok {
 			return nil, err
 		}
+		a.passed = true
 	}
 	for i := range h.rules {
 		ok, err := h.rules[i].eval(a)
@@ -122,11 +131,30 @@ func (h *Handler) choose(a *activation) (kpar.Handler, error) {
 			return nil, err
 		}
 		if ok {
+			a.chosen = h.rules[i].program
 			return h.rules[i].h, nil
 		}
 	}
-	if h.fallback != nil {
+	return h.fallback, nil
+}
+
+// count adds a's record to the counts.
+func (h *Handler) count(a *activation) {
+	if a.passed {
+		h.filter.matched.Add(1)
+	}
+	switch {
+	case a.chosen != nil:
+		a.chosen.matched.Add(1)
+	case h.fallback != nil && (h.filter == nil || a.passed):
 		h.fallbackCount.Add(1)
 	}
-	return h.fallback, nil
+	for _, f := range a.fails {
+		f.p.failed(f.msg)
+	}
+}
+
+func (h *Handler) release(a *activation) {
+	a.reset()
+	h.pool.Put(a)
 }

@@ -434,3 +434,38 @@ func itoa(n int64) string {
 		}
 	}
 }
+
+func TestARetriedRecordCountsOnceItsOutcomeIsFinal(t *testing.T) {
+	fails := 2
+	flaky := kpar.HandlerFunc(func(context.Context, *kgo.Record) error {
+		if fails > 0 {
+			fails--
+			return kpar.Overloaded(errors.New("503"))
+		}
+		return nil
+	})
+	refused := kpar.HandlerFunc(func(context.Context, *kgo.Record) error { return kpar.Permanent(errors.New("422")) })
+	h := mustNew(t, []route.Rule{
+		{Expr: `value.n == 1`, Handler: flaky},
+		{Expr: `value.n == 2`, Handler: refused},
+	}, nil, route.ContentType("application/json"), route.Filter(`value.n > 0 || value.missing`))
+	one := &kgo.Record{Value: []byte(`{"n":1}`)}
+	for attempt := 1; ; attempt++ {
+		err := h.Handle(context.Background(), one)
+		if err == nil {
+			break
+		}
+		if st := h.Stats(); st.Rules[0].Matched != 0 || st.Filter.Matched != 0 {
+			t.Fatalf("attempt %d failed (%v) and was counted: %+v", attempt, err, st)
+		}
+	}
+	if err := h.Handle(context.Background(), &kgo.Record{Value: []byte(`{"n":2}`)}); !kpar.IsPermanent(err) {
+		t.Fatalf("the refused record returned %v", err)
+	}
+	// n 0: the filter's left side is false and its right side fails.
+	handle(t, h, &kgo.Record{Value: []byte(`{"n":0}`)})
+	st := h.Stats()
+	if st.Filter.Matched != 2 || st.Rules[0].Matched != 1 || st.Rules[1].Matched != 1 || st.Filtered != 1 || st.Filter.Errors != 1 {
+		t.Errorf("stats %+v; want the filter passing 2 records, each rule 1, 1 filtered with 1 error", st)
+	}
+}

@@ -1,10 +1,11 @@
 package route
 
-// Stats counts what a Handler did since it was made. An expression is
-// evaluated on each attempt of a record, so a record whose handler failed
-// and was retried counts again in Matched and Errors; Filtered and
-// Fallback count what returned without, or went to, the fallback the same
-// way, and a filtered record is never retried.
+// Stats counts the records a Handler finished with since it was made:
+// each is counted once its outcome is final, filtered or handled (nil) or
+// refused for good (a kpar.Permanent error); an attempt whose handler
+// failed otherwise counts nothing, since the record is routed again on its
+// next attempt. (A record that exhausts its attempts on such errors is
+// dead-lettered without being counted.)
 type Stats struct {
 	// Filtered is the records that finished without a request: the
 	// filter was false (or failed), or no rule matched and there is no
@@ -12,24 +13,25 @@ type Stats struct {
 	Filtered uint64
 	// Fallback is the records no rule matched, sent to the fallback.
 	Fallback uint64
-	// Filter is the filter's counts; its Expr is "" without Filter.
+	// Filter is the filter's counts (Matched: the records it let
+	// through); its Expr is "" without Filter.
 	Filter ExprStats
 	// Rules is each rule's counts, in order.
 	Rules []ExprStats
 }
 
-// ExprStats counts the evaluations of one expression.
+// ExprStats counts what one expression did.
 type ExprStats struct {
 	Expr    string
-	Matched uint64 // evaluations that were true
-	// Errors is the evaluations that failed (a missing field, a value
-	// that is not JSON), each counted as false; LastError is the latest's
+	Matched uint64 // records it was true for (a rule: that it sent)
+	// Errors is the records it failed on (a missing field, a value that
+	// is not JSON), each counted as false; LastError is the latest's
 	// message.
 	Errors    uint64
 	LastError string
 }
 
-// Errors is the evaluations that failed, over the filter and every rule.
+// Errors is the failed evaluations, over the filter and every rule.
 func (s Stats) Errors() uint64 {
 	n := s.Filter.Errors
 	for _, r := range s.Rules {

@@ -282,11 +282,11 @@ var (
 	routeFilteredDesc = prometheus.NewDesc("kpar_route_filtered_total",
 		"Records that --filter or --route sent nowhere: they finished without a request.", nil, nil)
 	routeFallbackDesc = prometheus.NewDesc("kpar_route_unmatched_total",
-		"Records no --route matched, sent to --url.", nil, nil)
+		"Records no --route matched, sent to --url (counted once their request finished).", nil, nil)
 	routeMatchedDesc = prometheus.NewDesc("kpar_route_matched_total",
-		"Evaluations of --filter (rule \"filter\") or of a --route (rule \"1\", \"2\", ...) that were true; a record retried is evaluated again.", []string{"rule", "url"}, nil)
+		"Records --filter let through (rule \"filter\") or a --route sent to its URL (rule \"1\", \"2\", ...), counted once their request finished (2xx, or refused for good).", []string{"rule", "url"}, nil)
 	routeErrorsDesc = prometheus.NewDesc("kpar_route_expression_errors_total",
-		"Evaluations of --filter or a --route that failed on a record (a missing field, a value that is not JSON), counted as false.", []string{"rule"}, nil)
+		"Records --filter or a --route failed on (a missing field, a value that is not JSON), each counted as not matching.", []string{"rule"}, nil)
 )
 
 // routeCollector reads the route.Handler's counts at each scrape.
