@@ -63,16 +63,25 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		return a.headers, true
 	case varValue:
 		if a.value == nil {
-			a.value = a.valueOf()
+			a.value = orNull(a.valueOf())
 		}
 		return a.value, true
 	case varKey:
 		if a.key == nil {
-			a.key = a.keyOf()
+			a.key = orNull(a.keyOf())
 		}
 		return a.key, true
 	}
 	return nil, false
+}
+
+// orNull is v, or CEL's null for JSON's (nil), which would read as "not
+// built yet".
+func orNull(v any) any {
+	if v == nil {
+		return types.NullValue
+	}
+	return v
 }
 
 // decode runs the Decoder once; false when there is none or it failed.

@@ -286,9 +286,9 @@ func TestKeyIsBytesUnlessUTF8AndNullWhenAbsent(t *testing.T) {
 func TestTombstoneValueIsNull(t *testing.T) {
 	hit := &recorder{}
 	h := mustNew(t, []route.Rule{{Expr: `value == null`, Handler: hit}}, nil, route.ContentType("application/json"))
-	handle(t, h, &kgo.Record{Key: []byte("k")}, &kgo.Record{Offset: 1, Value: []byte(`{}`)})
-	if !equal(hit.got(), []int64{0}) {
-		t.Errorf("matched %v, want [0]", hit.got())
+	handle(t, h, &kgo.Record{Key: []byte("k")}, &kgo.Record{Offset: 1, Value: []byte(`{}`)}, &kgo.Record{Offset: 2, Value: []byte(`null`)})
+	if !equal(hit.got(), []int64{0, 2}) {
+		t.Errorf("matched %v, want [0 2] (a tombstone, and JSON null)", hit.got())
 	}
 }
 
