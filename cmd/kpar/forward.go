@@ -141,6 +141,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
+	dry := addCheckConfig(fs) // --check-config: checkconfig.go
 	if code, ok := fs.parseArgs(args, "brokers", "url"); !ok {
 		return code
 	}
@@ -266,7 +267,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 			"concurrency", *concurrency, "batch", *req.batch)
 	}
 
-	dl, closeSink, err := sink.open(ctx, seeds, secOpts, log)
+	dl, closeSink, err := dry.openSink(ctx, sink, seeds, secOpts, log)
 	if err != nil {
 		return fail("kpar forward: opening the dead-letter sink", err)
 	}
@@ -341,14 +342,14 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	c, err := kpar.New(handler, opts...)
 	if err != nil {
-		return fail("kpar forward: invalid configuration", err)
+		return dry.invalid(fail("kpar forward: invalid configuration", err))
 	}
 
 	// The status server outlives the drain that follows a signal, so that
 	// /healthz and the page keep answering until the consumer is done.
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStatus()
-	if metrics != nil {
+	if metrics != nil && !dry.enabled() {
 		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics, stall)
 		if err != nil {
 			return fail("kpar forward: cannot serve --metrics-listen", err)
@@ -404,6 +405,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	if *metricsListen != "" {
 		attrs = append(attrs, "metrics_listen", *metricsListen)
+	}
+	if dry.enabled() {
+		return dry.report(stdout, attrs)
 	}
 	log.Info("kpar forward starting", attrs...)
 
