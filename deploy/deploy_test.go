@@ -177,7 +177,14 @@ func TestSidecarPostsToItsOwnPod(t *testing.T) {
 	if kparC.Resources.Requests.Memory().IsZero() || kparC.Resources.Limits.Memory().IsZero() {
 		t.Error("the kpar sidecar has no memory request or limit")
 	}
-	shutdown := shutdownTimeout(t, kparC)
+	report, err := checkConfig(t.Context(), kparC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shutdown, err := time.ParseDuration(report["shutdown_timeout"])
+	if err != nil {
+		t.Fatalf("shutdown_timeout: %v", err)
+	}
 	if app.Lifecycle == nil || app.Lifecycle.PreStop == nil || app.Lifecycle.PreStop.Sleep == nil {
 		t.Fatalf("the %s container has no preStop sleep: it would stop before kpar's in-flight requests finish", app.Name)
 	}
@@ -330,7 +337,10 @@ func checkLayout(ctx context.Context, objs []object) []error {
 		if scrape := d.Spec.Template.Annotations["prometheus.io/port"]; scrape != "" && scrape != port {
 			errs = append(errs, fmt.Errorf("%s: prometheus.io/port %s, the status server listens on %s", where, scrape, port))
 		}
-		shutdown, err := time.ParseDuration(cmp(envValue(*c, "KPAR_SHUTDOWN_TIMEOUT"), "30s"))
+		shutdown, err := time.ParseDuration(report["shutdown_timeout"])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: kpar forward --check-config printed no shutdown_timeout: %v", where, err))
+		}
 		if grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds; err == nil && (grace == nil || time.Duration(*grace)*time.Second <= shutdown) {
 			errs = append(errs, fmt.Errorf("%s: terminationGracePeriodSeconds must exceed the shutdown timeout %v, or SIGKILL cuts the drain", where, shutdown))
 		}
@@ -397,23 +407,6 @@ func probePort(c corev1.Container, port string) string {
 		}
 	}
 	return port
-}
-
-func shutdownTimeout(t *testing.T, c corev1.Container) time.Duration {
-	t.Helper()
-	d, err := time.ParseDuration(cmp(envValue(c, "KPAR_SHUTDOWN_TIMEOUT"), "30s"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-// cmp is v, or def when v is empty.
-func cmp(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
 }
 
 // scaledObject is the part of KEDA's ScaledObject (keda.sh/v1alpha1) that

@@ -2,6 +2,7 @@
 # scripts/image-test.sh — builds kpar's image with scripts/image.sh and runs
 # it as a container would run, with `buildah run --isolation chroot
 # --network host` (no Docker daemon needed), checking:
+#   - podman load accepts the archive (when podman is installed);
 #   - the layout: /kpar as the entrypoint, user 65532 with an /etc/passwd
 #     entry, the CA bundle, the OCI labels equal to `kpar version` inside;
 #   - `kpar demo` inside the image: nothing lost, no violation;
@@ -32,6 +33,9 @@ bah=(buildah --root "$work/storage" --runroot "$work/run" --storage-driver "${ST
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  # vfs layers are plain directories, but keep a failed umount from
+  # leaving anything mounted under $work.
+  "${bah[@]}" umount --all >/dev/null 2>&1 || true
   "${bah[@]}" rm --all >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -55,6 +59,11 @@ await() {
 # The image, as the README says to build it.
 scripts/image.sh "$work/kpar-oci.tar"
 pass "scripts/image.sh wrote an OCI archive of $(du -k "$work/kpar-oci.tar" | cut -f1) KiB"
+if command -v podman >/dev/null 2>&1; then
+  podman --root "$work/podman" --runroot "$work/podman-run" --storage-driver vfs load -q -i "$work/kpar-oci.tar" >"$work/podman.log" 2>&1 ||
+    fail "podman load refused the archive"
+  pass "podman load took the archive: $(tail -1 "$work/podman.log")"
+fi
 ctr=$("${bah[@]}" from --quiet --pull-never "oci-archive:$work/kpar-oci.tar")
 run_in() { "${bah[@]}" run --isolation chroot --network host "$ctr" -- "$@"; }
 

@@ -20,7 +20,8 @@
 # commit, +dirty when tracked files differ from it) override the stamps.
 # buildah keeps its storage in a directory of its own, removed at exit
 # (vfs driver, chroot isolation: this works as root in a container with no
-# overlay mounts and no user namespaces).
+# overlay mounts and no user namespaces). The image's creation time is
+# HEAD's commit time, so that two builds of one commit are the same image.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 archive=${1:-kpar-oci.tar}
@@ -81,7 +82,7 @@ CMD ["--help"]
 EOF
 
 bah=(buildah --root "$work/storage" --runroot "$work/run" --storage-driver "${STORAGE_DRIVER:-vfs}")
-"${bah[@]}" bud --quiet --isolation chroot --format oci --timestamp 0 \
+"${bah[@]}" bud --quiet --isolation chroot --format oci --timestamp "$("${git[@]}" log -1 --format=%ct HEAD)" \
   --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" --build-arg SOURCE="$source_url" \
   -f "$work/Containerfile" -t localhost/kpar:latest "$ctx" >/dev/null
 rm -f "$archive"

@@ -63,7 +63,8 @@ func (cc checkConfig) invalid(code int) int {
 // report ends a dry run: a KPAR_* variable that names no flag of kpar
 // forward is a bad configuration (the daemon would ignore it, which is how
 // a misspelt KPAR_CONCURENCY goes unnoticed), else it prints attrs, the
-// start line's fields, one "key: value" a line, and returns 0.
+// start line's fields, one "key: value" a line, then the status server's
+// paths and the shutdown timeout, and returns 0.
 func (cc checkConfig) report(stdout io.Writer, attrs []any) int {
 	if unknown := cc.unknownEnv(os.Environ()); len(unknown) > 0 {
 		return cc.flags.usageError("unknown %s: no flag of kpar forward reads %s; run 'kpar forward --help' for the list",
@@ -78,6 +79,8 @@ func (cc checkConfig) report(stdout io.Writer, attrs []any) int {
 			fmt.Fprintf(stdout, "  status_paths: %s\n", strings.Join(statusPaths, ","))
 		}
 	}
+	// Not on the start line, but what a pod's grace period must exceed.
+	fmt.Fprintf(stdout, "  shutdown_timeout: %s\n", cc.flags.Lookup("shutdown-timeout").Value)
 	fmt.Fprintln(stdout, "not contacted: the brokers, the --url endpoint and the dead-letter sink")
 	return 0
 }

@@ -59,6 +59,7 @@ func TestForwardCheckConfigPrintsWhatItWouldDoAndContactsNothing(t *testing.T) {
 		"  dead_letters: file://" + letters + "\n",
 		"  metrics_listen: " + taken.Addr().String() + "\n",
 		"  status_paths: /,/metrics,/healthz,/readyz,/api/status\n",
+		"  shutdown_timeout: 30s\n",
 		"not contacted: the brokers, the --url endpoint and the dead-letter sink",
 	} {
 		if !strings.Contains(stdout.String(), want) {
