@@ -225,6 +225,7 @@ func (w *brokerWatch) watchJoin(ctx context.Context, group string, protocol kpar
 // some or ctx ends.
 func (w *brokerWatch) joinWait(ctx context.Context, group string, protocol kpar.Protocol, sessionTimeout, rebalanceTimeout time.Duration, instanceID string) {
 	start := time.Now()
+	noted := false // the first note says it all, the next ones how long
 	t := time.NewTimer(joinNote)
 	defer t.Stop()
 	for {
@@ -236,8 +237,17 @@ func (w *brokerWatch) joinWait(ctx context.Context, group string, protocol kpar.
 		if w.assigned.Load() {
 			return
 		}
-		if _, bad := w.unreachable(); !bad {
-			w.noteJoinWait(ctx, time.Since(start), group, protocol, sessionTimeout, rebalanceTimeout, instanceID)
+		if _, bad := w.unreachable(); !bad { // else the broker warnings say why
+			if !noted {
+				w.noteJoinWait(ctx, time.Since(start), group, protocol, sessionTimeout, rebalanceTimeout, instanceID)
+				noted = true
+			} else {
+				attrs := []any{"group", group, "waited", time.Since(start).Round(time.Second)}
+				if others := w.otherMembers(ctx, group, protocol); others != "" {
+					attrs = append(attrs, "other_members", others)
+				}
+				w.log.Warn(w.what+": still no partitions assigned", attrs...)
+			}
 		}
 		t.Reset(joinReport)
 	}
