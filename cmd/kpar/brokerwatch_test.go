@@ -88,8 +88,9 @@ func TestForwardExplainsAJoinHeldByADeadMember(t *testing.T) {
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "2")
 	produceIndexed(ctx, t, "held", 10, 2, kgo.SeedBrokers(addr))
 	ep := newEndpoint(t, func(int, int) reply { return reply{} })
-	// Long enough for the note (joinNote), short enough for the test.
-	args := []string{"--brokers", addr, "--group", "held-g", "--topic", "held", "--url", ep.srv.URL, "--session-timeout", "20s"}
+	// Long enough for the note (joinNote, 8s after the start check) on a
+	// loaded machine, short enough for the test.
+	args := []string{"--brokers", addr, "--group", "held-g", "--topic", "held", "--url", ep.srv.URL, "--session-timeout", "30s"}
 	p := startForward(ctx, t, bin, nil, args...)
 	if !p.stderr.wait(ctx, "kpar: partitions assigned", p.exited) {
 		t.Fatalf("the first member got no partitions; stderr:\n%s", tail(p.stderr))
@@ -107,7 +108,7 @@ func TestForwardExplainsAJoinHeldByADeadMember(t *testing.T) {
 		t.Fatalf("no note on the wait before the partitions came; stderr:\n%s", tail(p.stderr))
 	}
 	line, _, _ := strings.Cut(log[note:], "\n")
-	for _, want := range []string{"group=held-g", "group_protocol=classic", "--session-timeout (20s here)", "--instance-id", "SIGTERM", "other_members="} {
+	for _, want := range []string{"group=held-g", "group_protocol=classic", "--session-timeout (30s here)", "--instance-id", "SIGTERM", "other_members="} {
 		if !strings.Contains(line, want) {
 			t.Errorf("the note lacks %q: %s", want, line)
 		}
