@@ -62,7 +62,7 @@ type brokerState struct {
 	since   time.Time // the spell's first failure
 	err     error     // its latest failure
 	logged  time.Time // its latest warning
-	dials   int       // failed attempts since then
+	total   int       // failed attempts of the spell
 }
 
 var (
@@ -118,32 +118,32 @@ func (w *brokerWatch) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, 
 	}
 	if err == nil {
 		w.reached.Store(true)
-		was, since, dials := st.failing, st.since, st.dials
+		was, since, total := st.failing, st.since, st.total
 		*st = brokerState{}
 		w.mu.Unlock()
 		if was {
-			w.log.Info(w.what+": broker reachable again", "broker", addr, "unreachable_for", now.Sub(since).Round(time.Second), "failed_connects", dials+1)
+			w.log.Info(w.what+": broker reachable again", "broker", addr, "unreachable_for", now.Sub(since).Round(time.Second), "failed_connects", total)
 		}
 		return
 	}
 	st.err = err
+	st.total++
 	if !st.failing {
-		st.failing, st.since, st.logged, st.dials = true, now, now, 0
+		st.failing, st.since, st.logged, st.total = true, now, now, 1
 		w.mu.Unlock()
 		w.log.Warn(w.what+": cannot reach broker; retrying (check --brokers, and that the broker's advertised listeners resolve and are reachable from here)",
 			"broker", addr, "err", err)
 		return
 	}
-	st.dials++
 	if now.Sub(st.logged) < brokerReport {
 		w.mu.Unlock()
 		return
 	}
-	dials, since := st.dials, st.since
-	st.logged, st.dials = now, 0
+	total, since := st.total, st.since
+	st.logged = now
 	w.mu.Unlock()
 	w.log.Warn(w.what+": still cannot reach broker; retrying",
-		"broker", addr, "for", now.Sub(since).Round(time.Second), "failed_connects", dials, "err", err)
+		"broker", addr, "for", now.Sub(since).Round(time.Second), "failed_connects", total, "err", err)
 }
 
 // unreachable says, for /readyz, whether every broker address tried
