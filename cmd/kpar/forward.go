@@ -340,6 +340,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		stall = newStallWatch(readyStall.grace(*att.timeout))
 		opts = append(opts, stall.opts()...)
 	}
+	reach := newBrokerWatch(log, "kpar forward") // unreachable brokers, a held join: brokerwatch.go
+	opts = append(opts, reach.opts()...)
+	if stall != nil {
+		stall.brokers = reach
+	}
 	c, err := kpar.New(handler, opts...)
 	if err != nil {
 		return dry.invalid(fail("kpar forward: invalid configuration", err))
@@ -363,10 +368,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	attrs := []any{
 		"brokers", strings.Join(seeds, ","), groupKey, groupName,
-		"url", redactURL(*target), "content_type", *req.contentType, "ordering", ord.String(), "concurrency", *concurrency,
+		"url", redactURL(*target), "ordering", ord.String(), "concurrency", *concurrency,
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
+	attrs = append(attrs, contentTypeAttrs(*req.batch, *req.contentType)...)
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
 	}
@@ -421,11 +427,15 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	// franz-go retries a failing connection forever, which would hide a
 	// wrong password or certificate behind a quiet loop: check first, and
 	// stop with the reason.
-	if err := sec.checkBrokers(ctx, seeds, connectTimeout); err != nil {
+	if err := sec.checkBrokers(ctx, seeds, connectTimeout, reach.clientOpt()); err != nil {
 		if ctx.Err() != nil {
-			return 0 // stopped before we began: nothing to drain
+			code, _ := reach.stoppedEarly(seeds, groupKey, groupName) // nothing to drain
+			return code
 		}
 		return fail("kpar forward: cannot use the brokers", err)
+	}
+	if !share {
+		defer reach.watchJoin(ctx, *group, protocol, *sessionTimeout, *rebalanceTimeout, *instanceID)()
 	}
 
 	stopLog := context.AfterFunc(ctx, func() {
@@ -438,6 +448,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	defer stopLog()
 
 	err = c.Run(ctx)
+	if ctx.Err() != nil && !share {
+		if code, early := reach.stoppedEarly(seeds, groupKey, groupName); early {
+			return code
+		}
+	}
 	if errors.Is(err, kpar.ErrFinalCommit) && ctx.Err() != nil {
 		// A requested stop whose last commit failed (a rebalance
 		// still waiting for a crashed member, a coordinator gone):
