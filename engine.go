@@ -262,6 +262,7 @@ func (e *engine) run(ctx context.Context) error {
 	e.mu.Lock()
 	e.stop = true
 	e.stopGuard()
+	e.over.stopQuiet()
 	if e.limitWake != nil {
 		e.limitWake.Stop()
 		e.limitWake = nil

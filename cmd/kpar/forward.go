@@ -142,6 +142,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
+	dry := addCheckConfig(fs) // --check-config: checkconfig.go
 	if code, ok := fs.parseArgs(args, "brokers"); !ok {
 		return code
 	}
@@ -270,7 +271,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 			"concurrency", *concurrency, "batch", *req.batch)
 	}
 
-	dl, closeSink, err := sink.open(ctx, seeds, secOpts, log)
+	dl, closeSink, err := dry.openSink(ctx, sink, seeds, secOpts, log)
 	if err != nil {
 		return fail("kpar forward: opening the dead-letter sink", err)
 	}
@@ -343,16 +344,21 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		stall = newStallWatch(readyStall.grace(*att.timeout))
 		opts = append(opts, stall.opts()...)
 	}
+	reach := newBrokerWatch(log, "kpar forward") // unreachable brokers, a held join: brokerwatch.go
+	opts = append(opts, reach.opts()...)
+	if stall != nil {
+		stall.brokers = reach
+	}
 	c, err := kpar.New(handler, opts...)
 	if err != nil {
-		return fail("kpar forward: invalid configuration", err)
+		return dry.invalid(fail("kpar forward: invalid configuration", err))
 	}
 
 	// The status server outlives the drain that follows a signal, so that
 	// /healthz and the page keep answering until the consumer is done.
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStatus()
-	if metrics != nil {
+	if metrics != nil && !dry.enabled() {
 		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics, stall, h.collectors()...)
 		if err != nil {
 			return fail("kpar forward: cannot serve --metrics-listen", err)
@@ -366,10 +372,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	attrs := []any{
 		"brokers", strings.Join(seeds, ","), groupKey, groupName,
-		"url", redactURL(*target), "content_type", *req.contentType, "ordering", ord.String(), "concurrency", *concurrency,
+		"url", redactURL(*target), "ordering", ord.String(), "concurrency", *concurrency,
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
+	attrs = append(attrs, contentTypeAttrs(*req.batch, *req.contentType)...)
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
 	}
@@ -410,6 +417,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		attrs = append(attrs, "metrics_listen", *metricsListen)
 	}
 	attrs = append(attrs, h.attrs()...)
+	if dry.enabled() {
+		return dry.report(stdout, attrs)
+	}
 	log.Info("kpar forward starting", attrs...)
 
 	// A certificate that does not verify fails every request alike: a
@@ -422,11 +432,15 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	// franz-go retries a failing connection forever, which would hide a
 	// wrong password or certificate behind a quiet loop: check first, and
 	// stop with the reason.
-	if err := sec.checkBrokers(ctx, seeds, connectTimeout); err != nil {
+	if err := sec.checkBrokers(ctx, seeds, connectTimeout, reach.clientOpt()); err != nil {
 		if ctx.Err() != nil {
-			return 0 // stopped before we began: nothing to drain
+			code, _ := reach.stoppedEarly(seeds, groupKey, groupName) // nothing to drain
+			return code
 		}
 		return fail("kpar forward: cannot use the brokers", err)
+	}
+	if !share {
+		defer reach.watchJoin(ctx, *group, protocol, *sessionTimeout, *rebalanceTimeout, *instanceID)()
 	}
 
 	stopLog := context.AfterFunc(ctx, func() {
@@ -440,6 +454,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 
 	defer h.summarize(log, routeSummaryInterval, "kpar forward")()
 	err = c.Run(ctx)
+	if ctx.Err() != nil && !share {
+		if code, early := reach.stoppedEarly(seeds, groupKey, groupName); early {
+			return code
+		}
+	}
 	if errors.Is(err, kpar.ErrFinalCommit) && ctx.Err() != nil {
 		// A requested stop whose last commit failed (a rebalance
 		// still waiting for a crashed member, a coordinator gone):
