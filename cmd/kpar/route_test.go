@@ -456,3 +456,19 @@ func TestRouteSummaryLogsChangesEachIntervalAndTheTotals(t *testing.T) {
 		}
 	})
 }
+
+// TestForwardCheckConfigPrintsTheRoutes: the dry run compiles the
+// expressions and prints them, with where unmatched records go.
+func TestForwardCheckConfigPrintsTheRoutes(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := cmdForward(t.Context(), []string{"--check-config", "--brokers", "127.0.0.1:1", "--group", "g", "--topic", "t",
+		"--filter", `topic != "x"`, "--route", `value.kind == "a" -> http://127.0.0.1:1/a`}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, stderr.String())
+	}
+	for _, want := range []string{"  filter: topic != \"x\"\n", "  route_1: value.kind == \"a\" -> http://127.0.0.1:1/a\n", "  unrouted: filtered (no --url)\n"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}
