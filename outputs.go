@@ -80,8 +80,9 @@ func Outputs() FlowOpt { return flowOpt(func(c *cfg) { c.outputs = true }) }
 // outputs produces what handlers emit. The client is set by the source's
 // open; read-only afterwards.
 type outputs struct {
-	cl  *kgo.Client
-	eos bool // ExactlyOnce: the group source's transactions produce them
+	cl     *kgo.Client
+	eos    bool // ExactlyOnce: the group source's transactions produce them
+	limits topicLimits
 }
 
 // newOutputs makes the producer of outputs: transactional with
@@ -102,12 +103,20 @@ func newOutputs(c *cfg) (*outputs, error) {
 	return &outputs{cl: cl, eos: c.exactlyOnce}, nil
 }
 
-// produce produces rs and waits for every acknowledgement.
-func (o *outputs) produce(ctx context.Context, rs []*kgo.Record) error {
-	if err := o.cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
-		return Overloaded(fmt.Errorf("kpar: producing the record's %d outputs failed: %w", len(rs), err))
+// produceOutputs produces rs and waits for every acknowledgement. It
+// returns the error of the first that failed (see outputFailed), a
+// Permanent one first.
+func (e *engine) produceOutputs(ctx context.Context, rs []*kgo.Record) error {
+	var first error
+	for _, r := range e.out.cl.ProduceSync(ctx, rs...) {
+		if r.Err == nil {
+			continue
+		}
+		if err := e.outputFailed(ctx, r.Record, r.Err); first == nil || IsPermanent(err) && !IsPermanent(first) {
+			first = err
+		}
 	}
-	return nil
+	return first
 }
 
 // emitted handles what the attempt of t emitted, once it succeeded: at
@@ -125,5 +134,5 @@ func (e *engine) emitted(ctx context.Context, t *task, actx *attemptCtx, err err
 		x.outputs = append(x.outputs, outs...)
 		return nil
 	}
-	return e.out.produce(ctx, outs)
+	return e.produceOutputs(ctx, outs)
 }

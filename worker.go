@@ -458,10 +458,7 @@ func (e *engine) complete(t *task) (next *task) {
 		if e.acks {
 			e.accepted = append(e.accepted, t.Value.rec)
 		}
-		if x := t.Value.x; x != nil && len(x.outputs) > 0 {
-			e.pendingOutputs = append(e.pendingOutputs, pendingOutput{ps, x.outputs})
-			x.outputs = nil
-		}
+		e.pendOutputs(ps, t)
 	} // a run's records were marked finished by markRun
 	e.askCommit()
 	next = ps.lanes.Release(t)
