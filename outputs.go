@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -72,8 +75,13 @@ func (c *attemptCtx) takeOutputs() []*kgo.Record {
 // Outputs lets handlers emit output records (Emit), produced at least once:
 // acknowledged by the broker before their input counts as finished. kpar
 // produces them through a client of its own, built from Brokers and
-// ClientOptions (TLS, SASL). A failed produce fails the attempt as an
-// Overloaded error, so that it burns no attempt and the handler runs again.
+// ClientOptions (TLS, SASL). The worker does not wait for the
+// acknowledgements: it hands the outputs to the producer and runs the next
+// record, and the input finishes (its lane's next record may run, its
+// offset may be committed) once the last of its outputs is acknowledged.
+// A failed produce fails the attempt as an Overloaded error, so that it
+// burns no attempt and the handler runs again; an output alone larger than
+// its topic's max.message.bytes fails it as Permanent (toolarge.go).
 // Default: off (Emit returns ErrNoOutputs).
 func Outputs() FlowOpt { return flowOpt(func(c *cfg) { c.outputs = true }) }
 
@@ -83,12 +91,30 @@ type outputs struct {
 	cl     *kgo.Client
 	eos    bool // ExactlyOnce: the group source's transactions produce them
 	limits topicLimits
+	// judging is the goroutines that judge failed produces (outputFailed
+	// may ask the broker, which the producer's goroutine must not wait
+	// for); close waits for them.
+	judging sync.WaitGroup
+}
+
+// close closes the client, which fails what it still holds, and waits for
+// the failures to be handled.
+func (o *outputs) close() {
+	o.cl.Close()
+	o.judging.Wait()
 }
 
 // newOutputs makes the producer of outputs: transactional with
 // ExactlyOnce.
 func newOutputs(c *cfg) (*outputs, error) {
 	opts := []kgo.Opt{kgo.WithLogger(kgoLogger{L: c.logger})}
+	if !c.exactlyOnce {
+		// An input holds its lane until its outputs are acknowledged:
+		// lingering (franz-go's default 10ms) would add to every key's
+		// turn. Without it the producer still batches what comes while a
+		// request is in flight. ClientOptions may set it again.
+		opts = append(opts, kgo.ProducerLinger(0))
+	}
 	opts = append(opts, c.clientOpts...)
 	if len(c.brokers) > 0 {
 		opts = append(opts, kgo.SeedBrokers(c.brokers...))
@@ -121,7 +147,8 @@ func (e *engine) produceOutputs(ctx context.Context, rs []*kgo.Record) error {
 
 // emitted handles what the attempt of t emitted, once it succeeded: at
 // least once, it produces them now and returns the error of that; exactly
-// once, it keeps them with t for the transaction that commits t. Called
+// once, it keeps them with t for the transaction that commits t. A batch's
+// outputs take this way; a single record's take handOver's. Called
 // without mu, by the worker running t.
 func (e *engine) emitted(ctx context.Context, t *task, actx *attemptCtx, err error) error {
 	outs := actx.takeOutputs()
@@ -135,4 +162,85 @@ func (e *engine) emitted(ctx context.Context, t *task, actx *attemptCtx, err err
 		return nil
 	}
 	return e.produceOutputs(ctx, outs)
+}
+
+// errOutputsInFlight is what attempt returns for a record whose handler
+// succeeded and whose outputs went to the producer: their acknowledgement
+// finishes the record (outputsDone), not its worker.
+var errOutputsInFlight = errors.New("kpar: the record's outputs are in flight")
+
+// handOver handles what the attempt of t, started at at, emitted: exactly
+// once, or with nothing emitted, as emitted does; at least once, it hands
+// the outputs to the producer and returns errOutputsInFlight, and the last
+// acknowledgement finishes t. Until then t holds its lane (the next record
+// of its key or partition waits, as it would for the produce), its window
+// slot (its offset is not committed) and its place among the running
+// records (a revoke or a drain waits for it), so the order and the
+// at-least-once promise are those of a worker that waited; only the
+// worker is free. Called without mu, by the worker running t (never for a
+// record run: runs are off with outputs).
+func (e *engine) handOver(ctx context.Context, t *task, actx *attemptCtx, at time.Time, err error) error {
+	if err != nil || e.out.eos {
+		return e.emitted(ctx, t, actx, err)
+	}
+	outs := actx.takeOutputs()
+	if len(outs) == 0 {
+		return nil
+	}
+	f := &inFlight{e: e, t: t, at: at}
+	f.left.Store(int32(len(outs)))
+	for _, r := range outs {
+		e.out.cl.Produce(ctx, r, f.acked)
+	}
+	return errOutputsInFlight
+}
+
+// inFlight is a record whose outputs the producer holds.
+type inFlight struct {
+	e    *engine
+	t    *task
+	at   time.Time // its attempt's start
+	left atomic.Int32
+	mu   sync.Mutex // guards failed and err
+	// failed is the output whose produce failed first (one refused as too
+	// large before any other), err its error.
+	failed *kgo.Record
+	err    error
+}
+
+// acked is the producer's promise for each output of f.
+func (f *inFlight) acked(r *kgo.Record, err error) {
+	if err != nil {
+		f.mu.Lock()
+		if f.err == nil || isTooLarge(err) && !isTooLarge(f.err) {
+			f.failed, f.err = r, err
+		}
+		f.mu.Unlock()
+	}
+	if f.left.Add(-1) > 0 {
+		return
+	}
+	f.mu.Lock()
+	failed, err := f.failed, f.err
+	f.mu.Unlock()
+	e := f.e
+	if err == nil {
+		e.outputsDone(f.t, f.at, nil)
+		return
+	}
+	e.out.judging.Go(func() {
+		e.outputsDone(f.t, f.at, e.outputFailed(context.Background(), failed, err))
+	})
+}
+
+// outputsDone finishes t, whose outputs were all acknowledged (err nil) or
+// one of which failed: as its worker would have, had it waited.
+func (e *engine) outputsDone(t *task, at time.Time, err error) {
+	backoff := e.observe(t, err)
+	e.mu.Lock()
+	if next := e.finish(t, err, false, backoff, at); next != nil {
+		e.ready.Push(next)
+		e.wake(1)
+	}
+	e.mu.Unlock()
 }
