@@ -187,7 +187,7 @@ func (e *engine) handOver(ctx context.Context, t *task, actx *attemptCtx, at tim
 	if len(outs) == 0 {
 		return nil
 	}
-	f := &inFlight{e: e, t: t, at: at}
+	f := &inFlight{e: e, ctx: ctx, t: t, at: at}
 	f.left.Store(int32(len(outs)))
 	for _, r := range outs {
 		e.out.cl.Produce(ctx, r, f.acked)
@@ -198,6 +198,7 @@ func (e *engine) handOver(ctx context.Context, t *task, actx *attemptCtx, at tim
 // inFlight is a record whose outputs the producer holds.
 type inFlight struct {
 	e    *engine
+	ctx  context.Context // the produce's
 	t    *task
 	at   time.Time // its attempt's start
 	left atomic.Int32
@@ -208,29 +209,54 @@ type inFlight struct {
 	err    error
 }
 
-// acked is the producer's promise for each output of f.
+// acked is the producer's promise for each output of f. An output refused
+// as too large is judged apart (the judgement may ask the broker, which
+// the producer's goroutine must not wait for): refused for its batch, it
+// is produced again, alone the next time as far as the producer allows.
 func (f *inFlight) acked(r *kgo.Record, err error) {
-	if err != nil {
-		f.mu.Lock()
-		if f.err == nil || isTooLarge(err) && !isTooLarge(f.err) {
-			f.failed, f.err = r, err
-		}
-		f.mu.Unlock()
+	e := f.e
+	switch {
+	case err == nil:
+	case isTooLarge(err):
+		e.out.judging.Go(func() {
+			if !e.out.guilty(context.Background(), r) {
+				e.warnBatchTooLarge(r.Topic, err)
+				again := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+				e.out.cl.Produce(f.ctx, again, f.acked)
+				return
+			}
+			f.fail(r, err)
+			f.done()
+		})
+		return
+	default:
+		f.fail(r, err)
 	}
+	f.done()
+}
+
+// fail notes that output r failed with err.
+func (f *inFlight) fail(r *kgo.Record, err error) {
+	f.mu.Lock()
+	if f.err == nil || isTooLarge(err) && !isTooLarge(f.err) {
+		f.failed, f.err = r, err
+	}
+	f.mu.Unlock()
+}
+
+// done counts one output of f answered, and finishes f's record after the
+// last.
+func (f *inFlight) done() {
 	if f.left.Add(-1) > 0 {
 		return
 	}
 	f.mu.Lock()
 	failed, err := f.failed, f.err
 	f.mu.Unlock()
-	e := f.e
-	if err == nil {
-		e.outputsDone(f.t, f.at, nil)
-		return
+	if err != nil {
+		err = f.e.outputFailed(context.Background(), failed, err)
 	}
-	e.out.judging.Go(func() {
-		e.outputsDone(f.t, f.at, e.outputFailed(context.Background(), failed, err))
-	})
+	f.e.outputsDone(f.t, f.at, err)
 }
 
 // outputsDone finishes t, whose outputs were all acknowledged (err nil) or

@@ -63,8 +63,9 @@ func recordBytes(r *kgo.Record) int {
 
 // topicLimits caches each topic's max.message.bytes.
 type topicLimits struct {
-	mu  sync.Mutex // guards max; never held across the request
-	max map[string]int
+	mu     sync.Mutex // guards max; never held across the request
+	max    map[string]int
+	warned sync.Map // topic -> true once warnBatchTooLarge spoke of it
 }
 
 // limit returns topic's max.message.bytes, read with cl once; 0 when it
@@ -128,9 +129,12 @@ func (e *engine) outputFailed(ctx context.Context, r *kgo.Record, err error) err
 	return Overloaded(fmt.Errorf("kpar: producing the record's outputs failed: %w", err))
 }
 
-// warnBatchTooLarge says that a batch of records that each fit was refused
-// as too large for topic.
+// warnBatchTooLarge says, once per topic, that a batch of records that
+// each fit was refused as too large for topic.
 func (e *engine) warnBatchTooLarge(topic string, err error) {
+	if _, warned := e.out.limits.warned.LoadOrStore(topic, true); warned {
+		return
+	}
 	e.log.Warn("kpar: a batch of outputs was refused as too large for its topic although each fits; they are produced again. Lower the producer's batch size for this topic (kgo.ProducerBatchMaxBytesFn in ClientOptions) to its max.message.bytes",
 		"topic", topic, "err", err)
 }
