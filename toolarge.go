@@ -135,12 +135,12 @@ func (e *engine) warnBatchTooLarge(topic string, err error) {
 	if _, warned := e.out.limits.warned.LoadOrStore(topic, true); warned {
 		return
 	}
-	e.log.Warn("kpar: a batch of outputs was refused as too large for its topic although each fits; they are produced again. Lower the producer's batch size for this topic (kgo.ProducerBatchMaxBytesFn in ClientOptions) to its max.message.bytes",
+	e.log.Warn("kpar: outputs refused as too large only for the batch they were in (each fits the topic alone: a larger neighbour or the whole batch did not); they are produced again. If this repeats with no record dead-lettered as too large, lower the producer's batch size for this topic to its max.message.bytes (kgo.ProducerBatchMaxBytesFn in ClientOptions)",
 		"topic", topic, "err", err)
 }
 
 // refit replaces the outputs of o, one of which (r) its topic refused as
-// too large (refusal), in a transaction that was aborted: handler outputs
+// too large alone (refusal), in a transaction that was aborted: handler outputs
 // and a retry-topic record give way to the input's dead letter, saying
 // why; a dead letter is cut further (see deadletter.KafkaSink). Without a
 // dead-letter sink, or once a dead letter cannot be cut any more, o stays
@@ -148,21 +148,9 @@ func (e *engine) warnBatchTooLarge(topic string, err error) {
 // until an operator does it (nothing is lost, nothing commits).
 func (e *engine) refit(ctx context.Context, o *pendingOutput, r *kgo.Record, refusal error) {
 	sink, _ := e.cfg.deadLetters.(*deadletter.KafkaSink)
-	if !e.out.guilty(ctx, r) {
-		e.warnBatchTooLarge(r.Topic, refusal)
-		return
-	}
-	var what string
-	switch o.kind {
-	case outHandler:
-		what = "an output"
-	case outRetry:
-		what = "the retry-topic record"
-	case outDeadLetter:
-		what = "the dead letter"
-	}
+	what := [...]string{outHandler: "output", outRetry: "retry-topic record", outDeadLetter: "dead letter"}[o.kind]
 	if sink == nil {
-		e.log.Error("kpar: "+what+" of a finished record is too large for its topic and there is no dead-letter sink to put the record in instead; transactions abort and commits wait until the topic's max.message.bytes is raised (or set DeadLetters)",
+		e.log.Error("kpar: a finished record's "+what+" is too large for its topic and there is no dead-letter sink to put the record in instead; transactions abort and commits wait until the topic's max.message.bytes is raised (or set DeadLetters)",
 			"topic", r.Topic, "bytes", recordBytes(r), "record", outputInputID(o.in), "err", refusal)
 		return
 	}
@@ -178,17 +166,17 @@ func (e *engine) refit(ctx context.Context, o *pendingOutput, r *kgo.Record, ref
 	}
 	now := time.Now()
 	var l deadletter.Letter
-	reason := fmt.Sprintf("%s to topic %s (%d bytes) was refused as too large for that topic: %v; raise %s's max.message.bytes to keep such records", what, r.Topic, recordBytes(r), refusal, r.Topic)
+	reason := fmt.Sprintf("its %s to topic %s (%d bytes) was refused as too large for that topic (%v); no retry can make it fit: raise %[2]s's max.message.bytes to keep such records", what, r.Topic, recordBytes(r), refusal)
 	if o.letter != nil {
 		l = *o.letter
 		if l.Message != "" {
 			l.Message += "; "
 		}
-		l.Message += "its " + reason
+		l.Message += reason
 	} else {
 		l = deadletter.Letter{
 			Record: o.in, Group: e.cfg.letterGroup(), Class: deadletter.ClassPermanent,
-			Message: "kpar: its " + reason, Attempts: o.attempts, FirstFailure: now, LastFailure: now,
+			Message: "kpar: " + reason, Attempts: o.attempts, FirstFailure: now, LastFailure: now,
 		}
 	}
 	recs, err := sink.Records(ctx, []deadletter.Letter{l})

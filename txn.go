@@ -216,8 +216,18 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	mu.Unlock()
 	// The transaction aborts below; what made it fail gives way before the
 	// next one, which takes the rest as they are.
+	guilty := false
 	for i, r := range refused {
-		e.refit(endCtx, &outs[i], r.rec, r.err)
+		if e.out.guilty(endCtx, r.rec) {
+			guilty = true
+			e.refit(endCtx, &outs[i], r.rec, r.err)
+		}
+	}
+	for _, r := range refused {
+		if !guilty { // refused for their batch alone: produced again as they are
+			e.warnBatchTooLarge(r.rec.Topic, r.err)
+		}
+		break
 	}
 	var asked map[string]map[int32]int64
 	var tooLarge []*commitPart
