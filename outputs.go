@@ -79,6 +79,8 @@ func (c *attemptCtx) takeOutputs() []*kgo.Record {
 // acknowledgements: it hands the outputs to the producer and runs the next
 // record, and the input finishes (its lane's next record may run, its
 // offset may be committed) once the last of its outputs is acknowledged.
+// The outputs waiting for acknowledgements are bounded by MaxBufferedBytes
+// (at least 2 MiB), apart from the records' own budget.
 // A failed produce fails the attempt as an Overloaded error, so that it
 // burns no attempt and the handler runs again; an output alone larger than
 // its topic's max.message.bytes fails it as Permanent (toolarge.go).
@@ -114,6 +116,11 @@ func newOutputs(c *cfg) (*outputs, error) {
 		// turn. Without it the producer still batches what comes while a
 		// request is in flight. ClientOptions may set it again.
 		opts = append(opts, kgo.ProducerLinger(0))
+		// Workers no longer wait for the produce, so the outputs in
+		// flight are bounded apart: by MaxBufferedBytes too (at least
+		// 2 MiB, so that a record the broker could take is never refused
+		// here), past which Produce blocks the worker.
+		opts = append(opts, kgo.MaxBufferedBytes(int(max(c.maxBytes, 2<<20))))
 	}
 	opts = append(opts, c.clientOpts...)
 	if len(c.brokers) > 0 {
