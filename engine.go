@@ -211,7 +211,7 @@ func (e *engine) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		defer out.cl.Close()
+		defer out.close()
 		e.out = out
 	}
 	if err := e.src.open(ctx); err != nil {
