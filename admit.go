@@ -11,7 +11,7 @@ import (
 // source. A record is prepared outside the lock (prepare), accepted into
 // its partition's window (accept, enter), or held outside a full window
 // (held.go) until room frees; what buffered records weigh is bounded by
-// MaxBufferedBytes (waitForBytes, pauseOverBudget), and pausing a
+// MaxBufferedBytes (waitForBytes, pauseOverShare), and pausing a
 // partition's fetching is decided here and applied by the fetch controller
 // through the source.
 
@@ -24,7 +24,7 @@ func (e *engine) waitForBytes(ctx context.Context) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for e.bytes >= e.cfg.maxBytes {
-		if e.pauseOverBudget() {
+		if e.pauseOverShare() {
 			return true
 		}
 		if e.space == nil {
@@ -143,19 +143,19 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 	e.schedule(t)
 }
 
-// budgetShare is a partition's fair share of MaxBufferedBytes. Called with
+// fairShare is a partition's fair share of MaxBufferedBytes. Called with
 // mu held.
-func (e *engine) budgetShare() int64 {
+func (e *engine) fairShare() int64 {
 	return e.cfg.maxBytes / int64(max(1, len(e.parts)))
 }
 
-// pauseOverBudget pauses the partitions that hold more than their share of
+// pauseOverShare pauses the partitions that hold more than their share of
 // a used-up MaxBufferedBytes, and reports whether some live partition can
 // still be fetched. Without it, records stuck in one partition (behind a
-// retrying key, say) would hold the whole budget and stop the poller, and
+// retrying key, say) would hold all of MaxBufferedBytes and stop the poller, and
 // with it every other partition. Called with mu held.
-func (e *engine) pauseOverBudget() bool {
-	share, fetchable := e.budgetShare(), false
+func (e *engine) pauseOverShare() bool {
+	share, fetchable := e.fairShare(), false
 	for _, ps := range e.parts {
 		if ps.status != live {
 			continue

@@ -23,7 +23,7 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //
 // Lock map. mu is the pipeline's one lock: it guards parts and the
 // partStates in it, and every room embedded after it (dispatch, cost,
-// awake, budget, limits, retries, pauses, settling). Each room's type
+// awake, buffer, limits, retries, pauses, settling). Each room's type
 // says which file works it. mu is held for bookkeeping only: no handler,
 // hook, client call or log call (a slog handler is user code too) runs
 // under it. Its word and what it guards change with every record, so the
@@ -67,7 +67,7 @@ type engine struct {
 	dispatch
 	cost  handlerCost
 	awake awakeState // the awake cap and the stuck guard (awake.go)
-	budget
+	buffer
 	limits
 	retries
 	pauses
@@ -97,9 +97,10 @@ type dispatch struct {
 	runsEntered uint64
 }
 
-// budget is what buffered records weigh against MaxBufferedBytes, and the
-// drain that waits for them (admit.go). Guarded by engine.mu.
-type budget struct {
+// buffer is what buffered records weigh against MaxBufferedBytes (the
+// byte budget; CommitBudget, budget.go, is another thing), and the drain
+// that waits for them (admit.go). Guarded by engine.mu.
+type buffer struct {
 	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
 	pending int   // admitted records not finished, over live partitions
 	// space is closed, and set to nil, when buffered bytes drop below

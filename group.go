@@ -38,7 +38,8 @@ type groupSource struct {
 	// budgetSpacing is the spacing between commits the member's share of
 	// the group's CommitBudget asks for, in nanoseconds (budget.go).
 	budgetSpacing atomic.Int64
-	// shareStale asks the settler to learn the member's share again: the
+	// shareStale asks the settler to learn the member's quota of the
+	// commit budget again (learnQuota, budget.go): the
 	// assignment changed. The rebalance callbacks only set it, so that no
 	// metadata request delays a rebalance.
 	shareStale atomic.Bool
@@ -72,7 +73,7 @@ func (g *groupSource) open(ctx context.Context) error {
 
 func (g *groupSource) settle(ctx context.Context) error {
 	if g.shareStale.Swap(false) {
-		g.share(ctx)
+		g.learnQuota(ctx)
 	}
 	return g.commit(ctx, nil)
 }

@@ -1,6 +1,7 @@
 package kpar
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -219,6 +220,8 @@ const (
 	setRevokeTimeout
 	setCommitBudget
 	setCommitInterval
+	setGroupProtocol
+	setBatchSize
 )
 
 func defaultCfg() cfg {
@@ -288,9 +291,12 @@ func Concurrency(n int) FlowOpt { return flowOpt(func(c *cfg) { c.concurrency = 
 func Ordering(o Order) ConsumerOpt { return consumerOpt(func(c *cfg) { c.ordering = o }) }
 
 // BatchSize sets the most records a BatchHandler receives at once,
-// overriding the default 100. It has no effect with New. A batch holds records of one
-// partition (and, in Key mode, of one key), in offset order.
-func BatchSize(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.batchSize = n }) }
+// overriding the default 100. New, whose Handler takes one record at a
+// time, refuses it. A batch holds records of one partition (and, in Key
+// mode, of one key), in offset order.
+func BatchSize(n int) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.batchSize, c.explicit = n, c.explicit|setBatchSize })
+}
 
 // WindowRecords bounds each partition's window: the records from the
 // lowest unfinished offset through the newest fetched one, overriding the
@@ -516,14 +522,14 @@ func (c *cfg) validate() error {
 	case c.logger == nil:
 		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
 	}
+	if err := c.validatePairs(); err != nil {
+		return err
+	}
 	if err := c.rateLimit.check("RateLimit"); err != nil {
 		return err
 	}
 	if err := c.keyRateLimit.check("KeyRateLimit"); err != nil {
 		return err
-	}
-	if c.regex && len(c.retryTopics) > 0 {
-		return fmt.Errorf("kpar: RetryTopics cannot be combined with TopicRegex: name the topics")
 	}
 	if c.regex {
 		for _, t := range c.topics {
@@ -543,6 +549,21 @@ func (c *cfg) validate() error {
 		}
 	}
 	return c.validateClientOpts()
+}
+
+// validatePairs refuses options that each hold alone but not together
+// (those with ShareGroup are validateShare's, those with ExactlyOnce
+// validateOutputs'): each error names both.
+func (c *cfg) validatePairs() error {
+	switch {
+	case c.regex && len(c.retryTopics) > 0:
+		return errors.New("kpar: RetryTopics cannot be combined with TopicRegex: name the topics")
+	case c.explicit&setBatchSize != 0 && !c.batch:
+		return errors.New("kpar: BatchSize is for NewBatch: New's Handler takes one record at a time; leave BatchSize out, or use NewBatch with a BatchHandler")
+	case c.transactionalID != "" && !c.exactlyOnce:
+		return fmt.Errorf("kpar: TransactionalID(%q) without ExactlyOnce: only ExactlyOnce's producer is transactional; add ExactlyOnce or leave TransactionalID out", c.transactionalID)
+	}
+	return nil
 }
 
 // validateClientOpts builds (without connecting) a client from the user's

@@ -12,16 +12,18 @@ import (
 // rate limits, the stuck guard, dead letters and retry topics, and the
 // shutdown bound. A source is only the part that differs:
 //
-//   - groupSource (group.go, commit.go, rebalance.go): a consumer group
-//     member. It delivers polled records into partition windows and takes
-//     outcomes back as commits of each window start plus the finished
-//     offsets above it.
-//   - shareSource (share.go): a share group member (KIP-932). It delivers
-//     acquired records and takes outcomes back as ACCEPT and RELEASE
-//     acknowledgements, renewing the acquisition locks meanwhile.
-//   - rangeSource (backfill.go): range readers, several per partition, each
-//     assigned at its slice's offset. It delivers slices of a fixed range
-//     and takes outcomes back as the progress file.
+//   - groupSource (group.go, commit.go, rebalance.go, budget.go, txn.go):
+//     a consumer group member. It delivers polled records into partition
+//     windows and takes outcomes back as commits of each window start plus
+//     the finished offsets above it.
+//   - shareSource (sharesource.go; its options in share.go): a share group
+//     member (KIP-932). It delivers acquired records and takes outcomes
+//     back as ACCEPT and RELEASE acknowledgements, renewing the acquisition
+//     locks meanwhile.
+//   - rangeSource (rangesource.go; Backfill in backfill.go): range
+//     readers, several per partition, each assigned at its slice's offset.
+//     It delivers slices of a fixed range and takes outcomes back as the
+//     progress file.
 //
 // Each source gets the same engine, built whole by newEngine; a rule that
 // cannot apply to a source is refused when the consumer is built, never

@@ -70,7 +70,7 @@ func (c *cfg) validateOutputs() error {
 	case c.transactionalID == "" && c.instanceID == "":
 		return errors.New("kpar: ExactlyOnce needs InstanceID or TransactionalID: a stable transactional ID lets a restarted member abort its predecessor's open transaction at once")
 	case c.deadLetters != nil && !isKafkaSink(c.deadLetters):
-		return fmt.Errorf("kpar: ExactlyOnce needs a Kafka dead-letter sink (deadletter.NewKafkaSink), not %T: dead letters join the transaction", c.deadLetters)
+		return fmt.Errorf("kpar: ExactlyOnce needs a Kafka dead-letter sink in DeadLetters (deadletter.NewKafkaSink), not %T: dead letters join the transaction", c.deadLetters)
 	}
 	return nil
 }

@@ -513,7 +513,7 @@ func (e *engine) releaseRecords(ps *partState, size int64, n int) {
 	ps.bytes -= size
 	e.bytes -= size
 	e.pending -= n
-	if ps.overBudget && ps.bytes-ps.waiting <= e.budgetShare()/2 {
+	if ps.overBudget && ps.bytes-ps.waiting <= e.fairShare()/2 {
 		ps.overBudget = false
 		e.syncPause(ps)
 	}
