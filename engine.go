@@ -21,17 +21,39 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 // engine is the pipeline of one Run, or of one Backfill: the rooms every
 // source shares (source.go), built whole by newEngine for every source.
 //
-// Lock map. mu is the pipeline's one lock: it guards parts and the
-// partStates in it, and every room embedded after it (dispatch, cost,
-// awake, buffer, limits, retries, pauses, settling). Each room's type
-// says which file works it. mu is held for bookkeeping only: no handler,
-// hook, client call or log call (a slog handler is user code too) runs
-// under it. Its word and what it guards change with every record, so the
-// fields before it, read by every worker, sit on other cache lines. Locks
-// of their own: overloadLog.mu (overload.go), the attempt contexts'
-// (attempt.go), and a source's (taken before mu, never while holding it:
-// groupSource.commitMu, shareSource.mu, rangeSource.mu). Atomics: slots,
-// overdue, closing.
+// Lock map: every lock of the package, what it guards, and what is never
+// done under it. No lock is held across a network call or a log call (a
+// slog handler is user code too), but groupSource.commitMu, which exists
+// to serialise commits across their requests.
+//
+//   - engine.mu, the pipeline's lock (with cond, the workers' wait on
+//     it): parts and the partStates in it, and every room embedded after
+//     it (dispatch, cost, awake, buffer, limits, retries, pauses,
+//     settling). Each room's type says which file works it. Held for
+//     bookkeeping only: no handler, hook, client call or log runs under
+//     it. Its word and what it guards change with every record, so the
+//     fields before it, read by every worker, sit on other cache lines.
+//     Taken last: no other lock of the package is taken while holding it.
+//   - groupSource.commitMu (group.go): serialises commits from snapshot
+//     to response (commit.go, txn.go), so an older commit never lands
+//     after a newer one: the settler's, a revoke's, the final one. Held
+//     across the OffsetCommit (or the transaction) by design; taken
+//     before engine.mu, which the commit takes only to snapshot and to
+//     note the response.
+//   - topicIDCache.mu (topicids.go, groupSource.ids): the transactional
+//     commit's cache of topic IDs, for map operations only; the metadata
+//     request that fills a miss runs without it.
+//   - shareSource.mu (sharesource.go): the records a share-group member
+//     holds and their lock renewals. Never nested with engine.mu.
+//   - attemptCtx.mu (attempt.go): one attempt context's cancellation and
+//     AfterFuncs, which run after it is released.
+//   - overloadLog.mu (overload.go): the overload spell's tallies; logs
+//     after releasing it.
+//   - Consumer.mu (consumer.go), refusal.mu (ordering.go), goneNews.mu
+//     (topicwatch.go), RunMembers' errMu (members.go) and commitTxn's
+//     produce-error lock (txn.go): a field or two each, set and read.
+//
+// Atomics, read without a lock: slots, overdue, closing.
 type engine struct {
 	// Set by newEngine (producer by the source's open, before any of the
 	// pipeline's goroutines starts); read-only afterwards.

@@ -32,9 +32,8 @@ type groupSource struct {
 	// joins ends the run of a member that keeps failing to join (the
 	// poller's).
 	joins joinFailures
-	// ids caches topic IDs for transactional commits (txn.go).
-	idMu sync.Mutex
-	ids  map[string][16]byte
+	// ids caches topic IDs for transactional commits (topicids.go).
+	ids topicIDCache
 	// budgetSpacing is the spacing between commits the member's share of
 	// the group's CommitBudget asks for, in nanoseconds (budget.go).
 	budgetSpacing atomic.Int64

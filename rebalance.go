@@ -150,9 +150,7 @@ func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][
 // new topic of that name and skip its records.
 func (g *groupSource) forgetTopic(topic string) {
 	e := g.e
-	g.idMu.Lock()
-	delete(g.ids, topic)
-	g.idMu.Unlock()
+	g.ids.forget(topic)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, ps := range e.parts {

@@ -192,6 +192,7 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 	now := time.Now()
 	limit := s.limit.Load()
 	n := 0
+	var last []*kgo.Record // on their last delivery: logged after the lock
 	s.mu.Lock()
 	fs.EachRecord(func(r *kgo.Record) {
 		n++
@@ -203,7 +204,7 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 			s.maxDelivery.Store(dc) // only admit writes it
 		}
 		if limit > 0 && dc >= limit {
-			s.log.Debug("kpar: record on its last delivery", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery_count", dc)
+			last = append(last, r)
 		}
 		// The time left on the lock stands for its duration: the first
 		// renewal comes early rather than late.
@@ -215,6 +216,9 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 		s.empty = make(chan struct{})
 	}
 	s.mu.Unlock()
+	for _, r := range last {
+		s.log.Debug("kpar: record on its last delivery", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery_count", r.DeliveryCount())
+	}
 	if n == 0 {
 		return
 	}
