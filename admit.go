@@ -104,7 +104,7 @@ func (e *engine) prepare(recs []*kgo.Record) []recMeta {
 	// needs a key lane (laneOf): a cheap handler's records rarely do, and
 	// reading every key costs a cache miss per record.
 	keyed := e.cfg.ordering == ByKey || (e.rate != nil && e.rate.keys != nil)
-	lazy := e.cost.wideOK && e.cfg.ordering == ByKey
+	lazy := e.cost.WideOK() && e.cfg.ordering == ByKey
 	for i, r := range recs {
 		m := &meta[i]
 		m.offset, m.size = r.Offset, recordSize(r)

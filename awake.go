@@ -51,7 +51,7 @@ type slotRecord struct {
 // not cheap). Called with mu held.
 func (e *engine) awakeExcess() int {
 	a := &e.awake
-	if !e.cost.cheap() {
+	if !e.cost.Cheap() {
 		return math.MinInt
 	}
 	return e.cfg.concurrency - e.idle - (a.limit + a.stuck)

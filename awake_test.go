@@ -25,7 +25,7 @@ func TestAwakeCapHoldsWakeUpsAndTheGuardCountsStuckWorkers(t *testing.T) {
 		}
 		e.idle, e.waking = workers-2, false
 
-		e.cost.measured(time.Microsecond) // cheap
+		e.cost.Measured(time.Microsecond) // cheap
 		e.wake(1)
 		if e.idle != workers-2 || e.awake.held != 1 || e.awake.guard == nil {
 			t.Fatalf("cheap: idle %d, held %d, guard armed %v; want no worker woken, one held back, the guard armed",

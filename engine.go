@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kpar/kpar/internal/cost"
 	"github.com/kpar/kpar/internal/limit"
 	"github.com/kpar/kpar/internal/sched"
 )
@@ -87,7 +88,7 @@ type engine struct {
 	mu    sync.Mutex
 	parts map[tp]*partState
 	dispatch
-	cost  handlerCost
+	cost  cost.Model // the handler-cost model (cost.go)
 	awake awakeState // the awake cap and the stuck guard (awake.go)
 	buffer
 	limits

@@ -171,7 +171,7 @@ type cfg struct {
 	// source may refuse to ignore (setX below).
 	explicit uint32
 	// pinnedCost, for tests only, is the handler's time per record the
-	// engine goes by instead of its workers' measure (awakeState.pinned).
+	// engine goes by instead of its workers' measure (internal/cost's pinned measure).
 	pinnedCost time.Duration
 
 	concurrency         int

@@ -23,7 +23,7 @@ func runEngine(t *testing.T, order Order, lanes ...uint64) (*engine, *partState)
 	const workers = 4
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, order, 1000 })
 	e.awake.limit = 2
-	e.cost.measured(time.Microsecond)
+	e.cost.Measured(time.Microsecond)
 	ps := &partState{tp: tp{topic: "t"}, win: window.New(1000), committed: -1}
 	e.parts[ps.tp] = ps
 	recs := make([]*kgo.Record, len(lanes))

@@ -26,7 +26,7 @@ func (e *engine) schedule(t *task) {
 			return
 		}
 	case Unordered:
-		if e.cost.wideOK && !e.admitKeyed(ps, t) {
+		if e.cost.WideOK() && !e.admitKeyed(ps, t) {
 			return
 		}
 	}

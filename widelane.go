@@ -63,7 +63,7 @@ func (e *engine) admitKeyed(ps *partState, t *task) bool {
 // openWide opens ps's wide lane if the handler is tiny (or not measured
 // yet) and no lane of ps is busy. Called with mu held.
 func (e *engine) openWide(ps *partState) bool {
-	if !e.cost.tinyOrUnmeasured() || ps.lanes.Busy() != 0 {
+	if !e.cost.TinyOrUnmeasured() || ps.lanes.Busy() != 0 {
 		return false
 	}
 	if ps.wideHold > 0 {

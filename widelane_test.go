@@ -31,7 +31,7 @@ func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
 	const workers = 4
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, ByKey, 1000 })
 	e.idle, e.awake.limit = idle, 2
-	e.cost.measured(time.Microsecond)
+	e.cost.Measured(time.Microsecond)
 	ps := &partState{tp: tp{topic: "t"}}
 	e.parts[ps.tp] = ps
 	var ts []*task
@@ -137,7 +137,7 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 		e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = 4, ByKey, 1000 })
 		e.awake.limit = 2
 		ps := &partState{tp: tp{topic: "t"}}
-		e.cost.measured(10 * time.Microsecond) // cheap for the awake cap, not tiny
+		e.cost.Measured(10 * time.Microsecond) // cheap for the awake cap, not tiny
 		for _, key := range []uint64{2, 3} {
 			tk := &task{}
 			tk.Value.part, tk.Value.lane = ps, key

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/internal/cost"
 )
 
 // maxTake bounds how many records a worker runs in a row, its key's
@@ -51,7 +53,7 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		} else {
 			perRecord = e.runEach(ctx, slot, batch[0], perRecord)
 			batch[0] = nil
-			e.cost.measured(perRecord)
+			e.cost.Measured(perRecord)
 		}
 	}
 }
@@ -68,7 +70,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 	// reading, which would otherwise cost more than the handler. If the
 	// shared context is cancelled (the run went past AttemptTimeout), the
 	// rest get contexts of their own.
-	fast := workerFast(perRecord)
+	fast := cost.WorkerFast(perRecord)
 	var shared *attemptCtx
 	at := start
 	ran, steps := 0, 0 // records run, and tasks (a run is one)
