@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kpar/kpar/internal/awake"
 	"github.com/kpar/kpar/internal/cost"
 	"github.com/kpar/kpar/internal/limit"
 	"github.com/kpar/kpar/internal/sched"
@@ -89,7 +91,10 @@ type engine struct {
 	parts map[tp]*partState
 	dispatch
 	cost  cost.Model // the handler-cost model (cost.go)
-	awake awakeState // the awake cap and the stuck guard (awake.go)
+	awake awake.Cap  // the awake cap and the stuck guard's count (awake.go)
+	// guard is the stuck guard's timer, armed while the cap holds a
+	// wake-up back or a wide lane's running record is watched (awake.go).
+	guard *time.Timer
 	buffer
 	limits
 	retries
@@ -206,7 +211,7 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 		stuckAfter: c.stuckAfter,
 		slots:      make(attemptSlots, c.concurrency),
 		parts:      make(map[tp]*partState),
-		awake:      newAwakeState(),
+		awake:      awake.New(runtime.GOMAXPROCS(0)),
 	}
 	if e.stuckAfter == 0 {
 		e.stuckAfter = 2 * c.attemptTimeout

@@ -153,7 +153,7 @@ func (e *engine) enterRun(ps *partState, recs []*kgo.Record, meta []recMeta) {
 	if ps.lanes.AdmitWide(t) {
 		e.ready.Push(t)
 	} else if e.cfg.ordering != ByPartition {
-		e.watchWide() // parked behind the lane's running record
+		e.armGuard() // the stuck guard watches: parked behind the lane's running record
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/kpar/kpar/internal/awake"
 	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/kpar/kpar/internal/window"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -22,7 +23,7 @@ func runEngine(t *testing.T, order Order, lanes ...uint64) (*engine, *partState)
 	t.Helper()
 	const workers = 4
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, order, 1000 })
-	e.awake.limit = 2
+	e.awake = awake.New(2)
 	e.cost.Measured(time.Microsecond)
 	ps := &partState{tp: tp{topic: "t"}, win: window.New(1000), committed: -1}
 	e.parts[ps.tp] = ps
@@ -63,7 +64,7 @@ func takeRun(t *testing.T, e *engine, n int) *task {
 // a record that ran through both is stuck.
 func twoGuardTicks() {
 	for range 2 {
-		time.Sleep(awakeTick)
+		time.Sleep(awake.Tick)
 		synctest.Wait()
 	}
 }

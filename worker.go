@@ -309,9 +309,9 @@ func isLaned(o Order, t *task) bool {
 // watch t if records wait behind it on a wide lane. Called with mu held.
 func (e *engine) runs(slot int, t *task) {
 	t.Value.attempts++
-	e.running[slot] = slotRecord{t, e.awake.tick}
+	e.running[slot] = slotRecord{t, e.awake.Stamp()}
 	if t.Wide() && (t.Value.part.lanes.WideParked() > 0 || t.Value.run != nil) {
-		e.watchWide() // records wait behind this one
+		e.armGuard() // the stuck guard watches: records wait behind this one
 	}
 }
 
