@@ -23,7 +23,7 @@ import (
 func (e *engine) waitForBytes(ctx context.Context) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.bytes >= e.cfg.maxBytes {
+	for e.buf.Full() {
 		if e.pauseOverShare() {
 			return true
 		}
@@ -64,10 +64,7 @@ func recordSize(r *kgo.Record) int64 {
 // fetch they came in, the unit of heldCap. Called with mu held.
 func (e *engine) accept(ps *partState, recs []*kgo.Record, meta []recMeta, fetched int) {
 	for i := range meta {
-		size := meta[i].size
-		ps.bytes += size
-		e.bytes += size
-		e.pending++
+		e.buf.Admit(&ps.buf, meta[i].size)
 	}
 	readyBefore := e.ready.Len()
 	if ps.held.Len() == 0 {
@@ -79,8 +76,7 @@ func (e *engine) accept(ps *partState, recs []*kgo.Record, meta []recMeta, fetch
 	ps.fetched = fetched
 	// Keep records fetched ahead, so a draining window refills without
 	// waiting for a fetch; pause beyond heldCap.
-	if ps.held.Len() >= ps.heldCap(e.cfg.windowRecords) && !ps.heldFull {
-		ps.heldFull = true
+	if ps.held.Len() >= ps.heldCap(e.cfg.windowRecords) && ps.buf.SetHeldFull(true) {
 		e.syncPause(ps)
 	}
 	e.wake(e.ready.Len() - readyBefore)
@@ -146,7 +142,7 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 // fairShare is a partition's fair share of MaxBufferedBytes. Called with
 // mu held.
 func (e *engine) fairShare() int64 {
-	return e.cfg.maxBytes / int64(max(1, len(e.parts)))
+	return e.buf.FairShare(len(e.parts))
 }
 
 // pauseOverShare pauses the partitions that hold more than their share of
@@ -160,11 +156,10 @@ func (e *engine) pauseOverShare() bool {
 		if ps.status != live {
 			continue
 		}
-		if !ps.overBudget && ps.bytes-ps.waiting > share {
-			ps.overBudget = true
+		if e.buf.OverShare(&ps.buf, share) {
 			e.syncPause(ps)
 		}
-		fetchable = fetchable || !ps.paused
+		fetchable = fetchable || !ps.buf.Paused()
 	}
 	return fetchable
 }
@@ -172,10 +167,9 @@ func (e *engine) pauseOverShare() bool {
 // syncPause pauses or resumes fetching ps when its reasons to pause
 // changed. Called with mu held.
 func (e *engine) syncPause(ps *partState) {
-	if want := ps.heldFull || ps.overBudget; want != ps.paused {
-		ps.paused = want
-		e.toggleFetch(fetchToggle{ps, want, ps.win.Len(), true})
-		if !want {
+	if changed, paused := ps.buf.Sync(); changed {
+		e.toggleFetch(fetchToggle{ps, paused, ps.win.Len(), true})
+		if !paused {
 			e.wakePoller() // it may wait for bytes with every partition paused
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/internal/awake"
+	"github.com/kpar/kpar/internal/buffer"
 	"github.com/kpar/kpar/internal/cost"
 	"github.com/kpar/kpar/internal/limit"
 	"github.com/kpar/kpar/internal/sched"
@@ -95,7 +96,16 @@ type engine struct {
 	// guard is the stuck guard's timer, armed while the cap holds a
 	// wake-up back or a wide lane's running record is watched (awake.go).
 	guard *time.Timer
-	buffer
+	// buf is the byte budget and the records a drain waits for
+	// (internal/buffer, worked by admit.go); space and drained are the
+	// channels that wake the pollers waiting for bytes and the drain.
+	buf buffer.Total
+	// space is closed, and set to nil, when buffered bytes drop below
+	// MaxBufferedBytes while pollers wait for it; nil while none waits.
+	space chan struct{}
+	// drained is closed when the last admitted record finishes after
+	// draining began; nil while none waits.
+	drained chan struct{}
 	limits
 	retries
 	pauses
@@ -123,20 +133,6 @@ type dispatch struct {
 	taskPool taskPool
 	// runsEntered counts the record runs entered (run.go), for tests.
 	runsEntered uint64
-}
-
-// buffer is what buffered records weigh against MaxBufferedBytes (the
-// byte budget; CommitBudget, budget.go, is another thing), and the drain
-// that waits for them (admit.go). Guarded by engine.mu.
-type buffer struct {
-	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
-	pending int   // admitted records not finished, over live partitions
-	// space is closed, and set to nil, when buffered bytes drop below
-	// MaxBufferedBytes while pollers wait for it; nil while none waits.
-	space chan struct{}
-	// drained is closed when pending reaches 0 after draining began.
-	draining bool
-	drained  chan struct{}
 }
 
 // limits decide whether an attempt may start now (worker.go's limited,
@@ -211,6 +207,7 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 		stuckAfter: c.stuckAfter,
 		slots:      make(attemptSlots, c.concurrency),
 		parts:      make(map[tp]*partState),
+		buf:        buffer.New(c.maxBytes),
 		awake:      awake.New(runtime.GOMAXPROCS(0)),
 	}
 	if e.stuckAfter == 0 {
@@ -301,7 +298,7 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	e.idle, e.waking = 0, false
 	e.cond.Broadcast()
-	unfinished := e.pending
+	unfinished := e.buf.Pending()
 	e.mu.Unlock()
 	if !drained {
 		e.log.Warn("kpar: shutdown timeout passed with records unfinished; cancelling handlers; they will be delivered again",
@@ -370,8 +367,7 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 func (e *engine) whenIdle() <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.draining = true
-	if e.pending == 0 {
+	if e.buf.Drain() {
 		return closedDone
 	}
 	if e.drained == nil {

@@ -35,7 +35,9 @@ func runEngine(t *testing.T, order Order, lanes ...uint64) (*engine, *partState)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	ps.bytes, e.bytes, e.pending = int64(len(lanes)), int64(len(lanes)), len(lanes)
+	for range lanes {
+		e.buf.Admit(&ps.buf, 1)
+	}
 	e.enterRecords(ps, recs, meta)
 	return e, ps
 }
@@ -132,7 +134,7 @@ func TestRunFailsAfterTheGuardSplit(t *testing.T) {
 		rt := takeRun(t, e, 2) // record 0 ran, record 1 (key 3) runs and fails
 		// One more record of key 2 waits on the wide lane.
 		e.mu.Lock()
-		ps.bytes, e.bytes, e.pending = ps.bytes+1, e.bytes+1, e.pending+1
+		e.buf.Admit(&ps.buf, 1)
 		e.enterRecords(ps, []*kgo.Record{{Topic: "t", Offset: 6}}, []recMeta{{offset: 6, size: 1, lane: 2}})
 		e.mu.Unlock()
 		twoGuardTicks()

@@ -493,8 +493,8 @@ func (e *engine) refill(ps *partState) {
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}
-	if ps.heldFull && ps.held.Len() <= ps.heldCap(e.cfg.windowRecords)/2 {
-		ps.heldFull = false
+	if ps.buf.HeldFull() && ps.held.Len() <= ps.heldCap(e.cfg.windowRecords)/2 {
+		ps.buf.SetHeldFull(false)
 		e.syncPause(ps)
 	}
 }
@@ -512,11 +512,7 @@ func (e *engine) releaseBytes(ps *partState, size int64) { e.releaseRecords(ps, 
 // releaseRecords returns the budget of n finished records of size bytes
 // in all. Called with mu held.
 func (e *engine) releaseRecords(ps *partState, size int64, n int) {
-	ps.bytes -= size
-	e.bytes -= size
-	e.pending -= n
-	if ps.overBudget && ps.bytes-ps.waiting <= e.fairShare()/2 {
-		ps.overBudget = false
+	if e.buf.Finish(&ps.buf, size, n, len(e.parts)) {
 		e.syncPause(ps)
 	}
 	e.budgetFreed()
@@ -534,10 +530,10 @@ func (e *engine) wakePoller() {
 // budgetFreed wakes the poller or the drain when they wait for it. Called
 // with mu held.
 func (e *engine) budgetFreed() {
-	if e.bytes < e.cfg.maxBytes {
+	if !e.buf.Full() {
 		e.wakePoller()
 	}
-	if e.draining && e.pending == 0 && e.drained != nil {
+	if e.buf.Drained() && e.drained != nil {
 		close(e.drained)
 		e.drained = nil
 	}
