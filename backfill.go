@@ -211,10 +211,11 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...BackfillOpt) (Bac
 	}
 	err = errors.Join(err, rs.saveErr)
 	e.mu.Lock()
+	finished, failed, dead := e.outcomes.Tally()
 	res := BackfillResult{
-		Records:      e.finished,
-		Failed:       e.failedFinished,
-		DeadLettered: e.deadLettered,
+		Records:      finished,
+		Failed:       failed,
+		DeadLettered: dead,
 		AlreadyDone:  rs.alreadyDone,
 		Slices:       len(state.Slices),
 		Elapsed:      time.Since(start),

@@ -18,6 +18,7 @@ import (
 	"github.com/kpar/kpar/internal/cost"
 	"github.com/kpar/kpar/internal/limit"
 	"github.com/kpar/kpar/internal/sched"
+	"github.com/kpar/kpar/internal/settle"
 )
 
 var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFunc) to New")
@@ -172,18 +173,11 @@ type pauses struct {
 // settling is what finished records leave for the source's settle
 // (settle.go). Guarded by engine.mu.
 type settling struct {
-	// commitAsked is set when a record finished since the settler last
-	// ran; commitWake (capacity 1) wakes the settler.
-	commitAsked bool
-	commitWake  chan struct{}
-	// acks is set for a source that acknowledges each record (share
-	// groups): finished records are queued in accepted, withdrawn ones in
-	// released, for its settle.
-	acks               bool
-	accepted, released []*kgo.Record
-	// Tallies of finished records, for Backfill's result: all of them,
-	// those that failed an attempt first, those dead-lettered.
-	finished, failedFinished, deadLettered int64
+	// outcomes is the request to settle, the acknowledgements and the
+	// tallies (internal/settle); commitWake (capacity 1) wakes the
+	// settler when a request is new.
+	outcomes   settle.Outcomes
+	commitWake chan struct{}
 	// pendingOutputs are the outputs of finished records that wait for the
 	// transaction that commits them (ExactlyOnce, txn.go), in the order
 	// the records finished.

@@ -206,7 +206,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 			continue
 		}
 		if e.toDeadLetters(t.Value.x) {
-			e.deadLettered++
+			e.outcomes.DeadLettered()
 		}
 		if next := e.complete(t); next != nil {
 			e.ready.Push(next)

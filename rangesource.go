@@ -229,7 +229,7 @@ func (sl *rangeSlice) doneLocked() int64 {
 func (r *rangeSource) settle(context.Context) error {
 	e := r.e
 	e.mu.Lock()
-	e.takeAsked()
+	e.outcomes.Taken()
 	for i, sl := range r.slices {
 		if done := sl.doneLocked(); done != r.state.Slices[i].Done {
 			r.state.Slices[i].Done, r.unsaved = done, true

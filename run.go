@@ -252,12 +252,9 @@ func (e *engine) markRun(t *task, upTo int) {
 		size += run.meta[i].size
 	}
 	n := upTo - run.marked
-	if e.acks {
-		e.accepted = append(e.accepted, run.recs[run.marked:upTo]...)
-	}
+	e.outcomes.FinishedRun(run.recs[run.marked:upTo])
 	run.marked = upTo
 	ps.progress += uint64(n)
-	e.finished += int64(n)
 	e.releaseRecords(ps, size, n)
 	e.askCommit()
 }

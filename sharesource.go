@@ -67,7 +67,7 @@ func newShareSource(e *engine) *shareSource {
 	}
 	s.limit.Store(defaultDeliveryLimit)
 	e.src = s
-	e.acks = true
+	e.outcomes.AckEach()
 	e.keep = s.keepAtShutdown
 	return s
 }
@@ -81,7 +81,8 @@ func (s *shareSource) snapshot() ShareStats {
 	s.mu.Unlock()
 	e := s.e
 	e.mu.Lock()
-	st.InFlight, st.Retrying, st.DeadLettered = e.active, len(e.timers), e.deadLettered
+	_, _, dead := e.outcomes.Tally()
+	st.InFlight, st.Retrying, st.DeadLettered = e.active, len(e.timers), dead
 	e.mu.Unlock()
 	st.Group, st.Running = s.cfg.shareGroup, s.live.Load()
 	st.Polls, st.Received, st.Redelivered = s.polls.Load(), s.received.Load(), s.redelivered.Load()
@@ -255,9 +256,8 @@ func (e *engine) sharePart(topic string, partition int32) *partState {
 func (s *shareSource) settle(context.Context) error {
 	e := s.e
 	e.mu.Lock()
-	e.takeAsked()
-	accepted, released := e.accepted, e.released
-	e.accepted, e.released = nil, nil
+	e.outcomes.Taken()
+	accepted, released := e.outcomes.TakeAcks()
 	e.mu.Unlock()
 	s.ack(accepted, kgo.AckAccept)
 	s.ack(released, kgo.AckRelease)

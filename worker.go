@@ -453,13 +453,7 @@ func (e *engine) complete(t *task) (next *task) {
 	if t.Value.run == nil {
 		ps.win.Done(t.Value.seq)
 		ps.progress++
-		e.finished++
-		if t.Value.x != nil {
-			e.failedFinished++
-		}
-		if e.acks {
-			e.accepted = append(e.accepted, t.Value.rec)
-		}
+		e.outcomes.Finished(t.Value.rec, t.Value.x != nil)
 		if x := t.Value.x; x != nil && len(x.outputs) > 0 {
 			e.pendingOutputs = append(e.pendingOutputs, pendingOutput{ps, x.outputs})
 			x.outputs = nil
