@@ -22,7 +22,7 @@ type slotRecord struct {
 // awakeExcess is how many awake workers are beyond the cap: 0 when it
 // allows no more, below 0 when it has room. Called with mu held.
 func (e *engine) awakeExcess() int {
-	return e.awake.Excess(e.cost.Cheap(), e.cfg.concurrency-e.idle)
+	return e.awake.Excess(e.cost.Cheap(), e.cfg.concurrency)
 }
 
 // capped notes a wake-up the cap held back, or a worker it put to sleep
@@ -72,7 +72,7 @@ func (e *engine) guardTick() {
 			if parked {
 				e.split(ps, false) // its partition's other keys must not wait for it
 			}
-		case parked && e.ready.Len() == 0 && e.idle > 0 && e.awakeExcess() < 0:
+		case parked && e.ready.Len() == 0 && e.awake.Idle() > 0 && e.awakeExcess() < 0:
 			e.split(ps, false) // an idle worker may share the partition's records
 		case parked:
 			watch = true

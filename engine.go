@@ -118,11 +118,8 @@ type engine struct {
 type dispatch struct {
 	cond  sync.Cond // workers wait here for ready records or stop
 	ready sched.Queue[item]
-	// idle counts the workers waiting on cond that no wake-up is on its
-	// way to; waking is set from a Signal until the signalled worker runs
-	// (see wake).
-	idle   int
-	waking bool
+	// The workers waiting on cond, and the wake-up on its way, are
+	// e.awake's (internal/awake).
 	// running holds the record each worker runs now, for stuck reports
 	// (cheap records share one attempt context, so a worker's attempt
 	// slot does not say which record runs), and the stuck guard's tick
@@ -290,7 +287,7 @@ func (e *engine) run(ctx context.Context) error {
 		tm.Stop()
 		delete(e.timers, t)
 	}
-	e.idle, e.waking = 0, false
+	e.awake.WakeAll()
 	e.cond.Broadcast()
 	unfinished := e.buf.Pending()
 	e.mu.Unlock()

@@ -31,7 +31,10 @@ func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
 	t.Helper()
 	const workers = 4
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, ByKey, 1000 })
-	e.idle, e.awake = idle, awake.New(2)
+	e.awake = awake.New(2)
+	for range idle {
+		e.awake.Sleep()
+	}
 	e.cost.Measured(time.Microsecond)
 	ps := &partState{tp: tp{topic: "t"}}
 	e.parts[ps.tp] = ps

@@ -29,9 +29,9 @@ func (e *engine) worker(ctx context.Context, slot int) {
 			if e.ready.Len() > 0 && e.awakeExcess() > 0 {
 				e.capped() // asleep with records ready: the guard watches the rest
 			}
-			e.idle++
+			e.awake.Sleep()
 			e.cond.Wait()
-			e.waking = false // wake took this worker off idle
+			e.awake.Woken() // wake took this worker off idle
 		}
 		if e.stop {
 			e.mu.Unlock()

@@ -13,6 +13,10 @@ func TestNotCheapHasRoomAlways(t *testing.T) {
 	if got := c.Excess(true, 3); got != 1 {
 		t.Fatalf("cheap, 3 awake of 2: excess %d, want 1", got)
 	}
+	c.Sleep()
+	if got := c.Excess(true, 3); got != 0 {
+		t.Fatalf("cheap, 2 awake of 2: excess %d, want 0", got)
+	}
 }
 
 func TestStuckWorkersDoNotCountAgainstTheCap(t *testing.T) {
