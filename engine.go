@@ -60,8 +60,9 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //
 // Atomics, read without a lock: slots, overdue, closing.
 type engine struct {
-	// Set by newEngine (producer by the source's open, before any of the
-	// pipeline's goroutines starts); read-only afterwards.
+	// Set by newEngine; read-only afterwards: no field of engine is
+	// written after newEngine returns but those guarded by mu and the
+	// atomics.
 	cfg        *cfg
 	handler    Handler
 	batch      BatchHandler
@@ -73,11 +74,11 @@ type engine struct {
 	// keep, for a source that withdraws records at shutdown (share
 	// groups), says which must run all the same. Called with mu held.
 	keep func(*kgo.Record) bool
-	// producer writes retry-topic records: the group source's client;
-	// nil for the sources that refuse RetryTopics.
-	producer *kgo.Client
+	// producer writes retry-topic records: the group source, through its
+	// client; nil for the sources that refuse RetryTopics.
+	producer producer
 	// out produces what handlers emit (outputs.go); nil unless Outputs or
-	// ExactlyOnce. Set by run before any goroutine starts.
+	// ExactlyOnce. Its client is closed by run.
 	out *outputs
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
@@ -185,9 +186,13 @@ type settling struct {
 // lines, since CPUs fetch lines in adjacent pairs.
 const falseSharingPad = 128
 
-// newEngine builds the whole pipeline for one run of src; src is set by
-// the caller before run.
-func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
+// newEngine builds the whole pipeline for one run of the source that
+// newSource makes for it (none, for tests of the engine alone): the
+// source's kind sets what the engine asks of it (a share group's
+// acknowledgements and withdrawals, a consumer group's producer). With
+// Outputs or ExactlyOnce it makes the outputs' client, which does not
+// connect yet; run closes it.
+func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*engine) source) (*engine, error) {
 	e := &engine{
 		cfg:        c,
 		handler:    h,
@@ -217,19 +222,31 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 	}
 	e.rate = newRates(c)
 	e.cost = newHandlerCost(c, bh != nil, e.rate)
-	return e
+	if newSource != nil {
+		e.src = newSource(e)
+	}
+	if a, ok := e.src.(acknowledger); ok {
+		e.outcomes.AckEach()
+		e.keep = a.keepAtShutdown
+	}
+	if p, ok := e.src.(producer); ok {
+		e.producer = p
+	}
+	if c.outputs || c.exactlyOnce {
+		out, err := newOutputs(c)
+		if err != nil {
+			return nil, err
+		}
+		e.out = out
+	}
+	return e, nil
 }
 
 // run runs the pipeline over e.src until ctx ends, the source is done, or
 // a fatal error.
 func (e *engine) run(ctx context.Context) error {
-	if e.cfg.outputs || e.cfg.exactlyOnce {
-		out, err := newOutputs(e.cfg)
-		if err != nil {
-			return err
-		}
-		defer out.cl.Close()
-		e.out = out
+	if e.out != nil {
+		defer e.out.cl.Close()
 	}
 	if err := e.src.open(ctx); err != nil {
 		return err

@@ -45,9 +45,7 @@ type groupSource struct {
 }
 
 func newGroupSource(e *engine) *groupSource {
-	g := &groupSource{e: e}
-	e.src = g
-	return g
+	return &groupSource{e: e}
 }
 
 func (g *groupSource) open(ctx context.Context) error {
@@ -65,7 +63,6 @@ func (g *groupSource) open(ctx context.Context) error {
 		return fmt.Errorf("kpar: connecting to the brokers: %w", err)
 	}
 	g.cl = cl
-	g.e.producer = cl
 	g.e.createRetryTopics(ctx, cl)
 	return nil
 }

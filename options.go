@@ -471,6 +471,8 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) 
 // interface.
 func WithHooks(hooks ...Hook) Opt { return opt(func(c *cfg) { c.hooks = append(c.hooks, hooks...) }) }
 
+// validate checks a consumer's configuration (New, NewBatch, RunMembers):
+// membership, then the pipeline's flow rules (validateFlow).
 func (c *cfg) validate() error {
 	if c.shareGroup != "" {
 		if err := c.validateShare(); err != nil {
@@ -481,54 +483,28 @@ func (c *cfg) validate() error {
 		return err
 	}
 	switch {
-	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
-		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
 	case c.group == "" && c.shareGroup == "":
 		return fmt.Errorf("kpar: no group: set Group(name), or ShareGroup(name) for a share group")
 	case len(c.topics) == 0:
 		return fmt.Errorf("kpar: no topics: set Topics(names...)")
-	case c.concurrency < 1 || c.concurrency > 1<<16:
-		return fmt.Errorf("kpar: Concurrency(%d) out of range: want 1 to 65536", c.concurrency)
 	case c.protocol < ClassicProtocol || c.protocol > ConsumerProtocol:
 		return fmt.Errorf("kpar: GroupProtocol(%d) unknown: want ClassicProtocol or ConsumerProtocol", int(c.protocol))
 	case c.ordering < ByKey || c.ordering > Unordered:
 		return fmt.Errorf("kpar: Ordering(%d) unknown: want ByKey, ByPartition or Unordered", int(c.ordering))
 	case c.batch && c.batchSize < 1:
 		return fmt.Errorf("kpar: BatchSize(%d) out of range: want 1 or more", c.batchSize)
-	case c.windowRecords < 4 || c.windowRecords > 1<<24:
-		return fmt.Errorf("kpar: WindowRecords(%d) out of range: want 4 to 16777216", c.windowRecords)
-	case c.batch && c.windowRecords < c.batchSize:
+	case c.batch && c.windowRecords < c.batchSize && c.windowRecords >= 4:
 		return fmt.Errorf("kpar: WindowRecords(%d) is smaller than BatchSize(%d): a batch must fit in the window", c.windowRecords, c.batchSize)
-	case c.maxBytes < 1<<10:
-		return fmt.Errorf("kpar: MaxBufferedBytes(%d) out of range: want 1024 or more", c.maxBytes)
 	case !(c.commitBudget >= 0) || math.IsInf(c.commitBudget, 1):
 		return fmt.Errorf("kpar: CommitBudget(%v) out of range: want commits a second above 0, or 0 for no budget", c.commitBudget)
 	case c.commitInterval <= 0:
 		return fmt.Errorf("kpar: CommitInterval(%v) out of range: want more than 0", c.commitInterval)
 	case c.commitMetadataBytes < 0 || c.commitMetadataBytes > 1<<20:
 		return fmt.Errorf("kpar: CommitMetadataBytes(%d) out of range: want 0 (plain commits) to 1048576", c.commitMetadataBytes)
-	case c.shutdownTimeout <= 0:
-		return fmt.Errorf("kpar: ShutdownTimeout(%v) out of range: want more than 0", c.shutdownTimeout)
 	case c.revokeTimeout <= 0:
 		return fmt.Errorf("kpar: RevokeTimeout(%v) out of range: want more than 0", c.revokeTimeout)
-	case c.retryBase <= 0 || c.retryMax < c.retryBase:
-		return fmt.Errorf("kpar: RetryBackoff(%v, %v) out of range: want 0 < base <= max", c.retryBase, c.retryMax)
-	case c.maxAttempts < 1:
-		return fmt.Errorf("kpar: MaxAttempts(%d) out of range: want 1 or more", c.maxAttempts)
-	case c.attemptTimeout <= 0:
-		return fmt.Errorf("kpar: AttemptTimeout(%v) out of range: want more than 0", c.attemptTimeout)
-	case c.stuckAfter < 0:
-		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want 0 (twice AttemptTimeout) or more", c.stuckAfter)
-	case c.logger == nil:
-		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
 	}
 	if err := c.validatePairs(); err != nil {
-		return err
-	}
-	if err := c.rateLimit.check("RateLimit"); err != nil {
-		return err
-	}
-	if err := c.keyRateLimit.check("KeyRateLimit"); err != nil {
 		return err
 	}
 	if c.regex {
@@ -542,6 +518,40 @@ func (c *cfg) validate() error {
 		if d <= 0 {
 			return fmt.Errorf("kpar: RetryTopics delay %d is %v: want more than 0", i+1, d)
 		}
+	}
+	return c.validateFlow()
+}
+
+// validateFlow checks what every source's pipeline shares (FlowOpt and
+// Opt): Backfill checks it alone, with its range.
+func (c *cfg) validateFlow() error {
+	switch {
+	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
+		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
+	case c.concurrency < 1 || c.concurrency > 1<<16:
+		return fmt.Errorf("kpar: Concurrency(%d) out of range: want 1 to 65536", c.concurrency)
+	case c.windowRecords < 4 || c.windowRecords > 1<<24:
+		return fmt.Errorf("kpar: WindowRecords(%d) out of range: want 4 to 16777216", c.windowRecords)
+	case c.maxBytes < 1<<10:
+		return fmt.Errorf("kpar: MaxBufferedBytes(%d) out of range: want 1024 or more", c.maxBytes)
+	case c.shutdownTimeout <= 0:
+		return fmt.Errorf("kpar: ShutdownTimeout(%v) out of range: want more than 0", c.shutdownTimeout)
+	case c.retryBase <= 0 || c.retryMax < c.retryBase:
+		return fmt.Errorf("kpar: RetryBackoff(%v, %v) out of range: want 0 < base <= max", c.retryBase, c.retryMax)
+	case c.maxAttempts < 1:
+		return fmt.Errorf("kpar: MaxAttempts(%d) out of range: want 1 or more", c.maxAttempts)
+	case c.attemptTimeout <= 0:
+		return fmt.Errorf("kpar: AttemptTimeout(%v) out of range: want more than 0", c.attemptTimeout)
+	case c.stuckAfter < 0:
+		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want 0 (twice AttemptTimeout) or more", c.stuckAfter)
+	case c.logger == nil:
+		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
+	}
+	if err := c.rateLimit.check("RateLimit"); err != nil {
+		return err
+	}
+	if err := c.keyRateLimit.check("KeyRateLimit"); err != nil {
+		return err
 	}
 	for i, h := range c.hooks {
 		if !isHook(h) {

@@ -77,3 +77,27 @@ func TestNewRefusesEveryPairThatCannotApplyTogether(t *testing.T) {
 		t.Fatalf("NewBatch with BatchSize: %v", err)
 	}
 }
+
+// TestBackfillValidatesItsOwnOptions: Backfill checks the flow rules and
+// its own options, with no group or topics invented to pass a consumer's
+// checks.
+func TestBackfillValidatesItsOwnOptions(t *testing.T) {
+	c, err := backfillConfig(Range{Topic: "t"}, []BackfillOpt{Brokers("127.0.0.1:1")})
+	if err != nil || c.group != "" || len(c.topics) != 0 {
+		t.Fatalf("backfillConfig: %v, group %q, topics %v; want no error and neither", err, c.group, c.topics)
+	}
+	for _, tc := range []struct {
+		opts []BackfillOpt
+		want string
+	}{
+		{nil, "no brokers"},
+		{[]BackfillOpt{Brokers("127.0.0.1:1"), Concurrency(0)}, "Concurrency(0)"},
+		{[]BackfillOpt{Brokers("127.0.0.1:1"), WindowRecords(2)}, "WindowRecords(2)"},
+		{[]BackfillOpt{Brokers("127.0.0.1:1"), Readers(0)}, "Readers(0)"},
+		{[]BackfillOpt{Brokers("127.0.0.1:1"), ClientOptions(kgo.ConsumerGroup("x"))}, "use kpar.Group"},
+	} {
+		if _, err := backfillConfig(Range{Topic: "t"}, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("backfillConfig: %v, want an error containing %q", err, tc.want)
+		}
+	}
+}

@@ -56,7 +56,6 @@ func newRangeSource(e *engine, topic, file string, state *progress.State) *range
 		}
 		r.slices = append(r.slices, sl)
 	}
-	e.src = r
 	return r
 }
 

@@ -66,9 +66,6 @@ func newShareSource(e *engine) *shareSource {
 		topics:   make(map[string]struct{}),
 	}
 	s.limit.Store(defaultDeliveryLimit)
-	e.src = s
-	e.outcomes.AckEach()
-	e.keep = s.keepAtShutdown
 	return s
 }
 

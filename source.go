@@ -3,6 +3,8 @@ package kpar
 import (
 	"context"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // One pipeline, three sources. Everything between where records come from
@@ -28,6 +30,10 @@ import (
 // Each source gets the same engine, built whole by newEngine; a rule that
 // cannot apply to a source is refused when the consumer is built, never
 // ignored (cfg.validate).
+//
+// A source may also be an acknowledger, whose records are acknowledged
+// one by one and withdrawn at shutdown, and a producer, which writes
+// retry-topic records: newEngine asks once.
 type source interface {
 	// open connects, before any record or goroutine of the pipeline. An
 	// error ends Run (or Backfill) at once.
@@ -53,4 +59,24 @@ type source interface {
 	// last settle, leaving the group, closing the clients. It returns the
 	// last settle's error, which Run reports as ErrFinalCommit.
 	close(ctx context.Context, deadline time.Time) error
+}
+
+// acknowledger is a source that acknowledges each record (share groups):
+// finished records are kept for its settle as ACCEPT, withdrawn ones as
+// RELEASE. keepAtShutdown says which records must run all the same when
+// the others are withdrawn; it is called with engine.mu held.
+type acknowledger interface {
+	source
+	keepAtShutdown(*kgo.Record) bool
+}
+
+// producer writes retry-topic records (retrytopics.go).
+type producer interface {
+	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
+}
+
+// ProduceSync produces through the member's client, which open made
+// before any of the pipeline's goroutines started.
+func (g *groupSource) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	return g.cl.ProduceSync(ctx, rs...)
 }
