@@ -124,7 +124,7 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 		ps.win.Done(ps.win.Push(m.offset))
 		ps.progress++
 		ps.skipped++
-		e.releaseBytes(ps, m.size)
+		e.releaseRecords(ps, m.size, 1)
 		ps.tasks.retire(ps.win, &e.taskPool)
 		return
 	}
@@ -139,19 +139,13 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 	e.schedule(t)
 }
 
-// fairShare is a partition's fair share of MaxBufferedBytes. Called with
-// mu held.
-func (e *engine) fairShare() int64 {
-	return e.buf.FairShare(len(e.parts))
-}
-
 // pauseOverShare pauses the partitions that hold more than their share of
 // a used-up MaxBufferedBytes, and reports whether some live partition can
 // still be fetched. Without it, records stuck in one partition (behind a
 // retrying key, say) would hold all of MaxBufferedBytes and stop the poller, and
 // with it every other partition. Called with mu held.
 func (e *engine) pauseOverShare() bool {
-	share, fetchable := e.fairShare(), false
+	share, fetchable := e.buf.FairShare(len(e.parts)), false
 	for _, ps := range e.parts {
 		if ps.status != live {
 			continue

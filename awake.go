@@ -25,13 +25,6 @@ func (e *engine) awakeExcess() int {
 	return e.awake.Excess(e.cost.Cheap(), e.cfg.concurrency)
 }
 
-// capped notes a wake-up the cap held back, or a worker it put to sleep
-// with records ready, arming the stuck guard. Called with mu held.
-func (e *engine) capped() {
-	e.awake.Hold()
-	e.armGuard()
-}
-
 // armGuard arms the stuck guard's timer unless it is armed or the
 // pipeline stops. Called with mu held.
 func (e *engine) armGuard() {

@@ -32,9 +32,12 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 // to serialise commits across their requests.
 //
 //   - engine.mu, the pipeline's lock (with cond, the workers' wait on
-//     it): parts and the partStates in it, and every room embedded after
-//     it (dispatch, cost, awake, buffer, limits, retries, pauses,
-//     settling). Each room's type says which file works it. Held for
+//     it): parts and the partStates in it, and every field after it. The
+//     rooms that are packages of their own (internal/cost, awake, buffer,
+//     settle, sched, window, limit) keep their state unexported, so only
+//     their methods, called by the engine under mu, change it; the rooms
+//     still embedded here (dispatch, limits, retries, pauses, the outputs
+//     waiting for a transaction) say which file works them. Held for
 //     bookkeeping only: no handler, hook, client call or log runs under
 //     it. Its word and what it guards change with every record, so the
 //     fields before it, read by every worker, sit on other cache lines.
@@ -93,14 +96,16 @@ type engine struct {
 	mu    sync.Mutex
 	parts map[tp]*partState
 	dispatch
-	cost  cost.Model // the handler-cost model (cost.go)
-	awake awake.Cap  // the awake cap and the stuck guard's count (awake.go)
+	cost cost.Model // the handler-cost model (cost.go)
+	// awake is the workers asleep, the wake-up on its way, the awake cap
+	// and the stuck guard's count (awake.go, schedule.go's wake).
+	awake awake.Cap
 	// guard is the stuck guard's timer, armed while the cap holds a
 	// wake-up back or a wide lane's running record is watched (awake.go).
 	guard *time.Timer
-	// buf is the byte budget and the records a drain waits for
-	// (internal/buffer, worked by admit.go); space and drained are the
-	// channels that wake the pollers waiting for bytes and the drain.
+	// buf is the byte budget, the records a drain waits for, and (with
+	// each partState's part) the reasons to pause fetching
+	// (internal/buffer, worked by admit.go).
 	buf buffer.Total
 	// space is closed, and set to nil, when buffered bytes drop below
 	// MaxBufferedBytes while pollers wait for it; nil while none waits.
@@ -121,6 +126,7 @@ type dispatch struct {
 	ready sched.Queue[item]
 	// The workers waiting on cond, and the wake-up on its way, are
 	// e.awake's (internal/awake).
+	//
 	// running holds the record each worker runs now, for stuck reports
 	// (cheap records share one attempt context, so a worker's attempt
 	// slot does not say which record runs), and the stuck guard's tick
@@ -162,7 +168,9 @@ type retries struct {
 
 // pauses are pause and resume decisions waiting for the fetch controller
 // (admit.go), which applies them through the source outside the lock.
-// Guarded by engine.mu.
+// Guarded by engine.mu. Why to pause is internal/buffer's (buffer.Part);
+// what is left here is a queue handed to a goroutine and its wake-up,
+// too small for a package of its own.
 type pauses struct {
 	toggles    []fetchToggle
 	toggleWake chan struct{} // capacity 1

@@ -229,16 +229,17 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 		}
 		meta := e.prepare(p.Records)
 		e.mu.Lock()
-		e.accept(e.sharePart(p.Topic, p.Partition), p.Records, meta, len(p.Records))
+		e.accept(s.part(p.Topic, p.Partition), p.Records, meta, len(p.Records))
 		e.mu.Unlock()
 	})
 }
 
-// sharePart returns the partState of a share partition, made at its first
+// part returns the partState of a share partition, made at its first
 // record. Its window orders records by arrival (window.NewAcquired): the
 // broker may deliver records again below offsets it delivered before.
 // Called with mu held.
-func (e *engine) sharePart(topic string, partition int32) *partState {
+func (s *shareSource) part(topic string, partition int32) *partState {
+	e := s.e
 	k := tp{topic: topic, partition: partition}
 	ps := e.parts[k]
 	if ps == nil {

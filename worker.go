@@ -27,7 +27,9 @@ func (e *engine) worker(ctx context.Context, slot int) {
 	for {
 		for (e.ready.Len() == 0 || e.limited() || e.awakeExcess() > 0) && !e.stop {
 			if e.ready.Len() > 0 && e.awakeExcess() > 0 {
-				e.capped() // asleep with records ready: the guard watches the rest
+				// Asleep with records ready: the guard watches the rest.
+				e.awake.Hold()
+				e.armGuard()
 			}
 			e.awake.Sleep()
 			e.cond.Wait()
@@ -496,12 +498,8 @@ func (e *engine) refill(ps *partState) {
 // release returns a finished record's budget. Called with mu held.
 func (e *engine) release(ps *partState, t *task) {
 	t.Value.rec = nil // the task's chunk outlives the record; let the record go
-	e.releaseBytes(ps, t.Value.size)
+	e.releaseRecords(ps, t.Value.size, 1)
 }
-
-// releaseBytes returns the budget of a finished record of size bytes.
-// Called with mu held.
-func (e *engine) releaseBytes(ps *partState, size int64) { e.releaseRecords(ps, size, 1) }
 
 // releaseRecords returns the budget of n finished records of size bytes
 // in all. Called with mu held.
