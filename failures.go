@@ -206,7 +206,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 			continue
 		}
 		if e.toDeadLetters(t.Value.x) {
-			e.deadLettered++
+			e.outcomes.DeadLettered()
 		}
 		if next := e.complete(t); next != nil {
 			e.ready.Push(next)
@@ -298,8 +298,7 @@ func (e *engine) retryLater(t *task, backoff time.Duration) {
 	// many records wait for retries, healthy partitions keep being fetched.
 	// Each partition's window still bounds its waiting records.
 	ps, size := t.Value.part, t.Value.size
-	ps.waiting += size
-	e.bytes -= size
+	e.buf.Park(&ps.buf, size)
 	e.budgetFreed()
 	e.timers[t] = time.AfterFunc(backoff, func() {
 		e.mu.Lock()
@@ -319,7 +318,6 @@ func (e *engine) retryLater(t *task, backoff time.Duration) {
 // retryNow makes a record that waited on a retry timer, stopped and
 // forgotten by the caller, ready again. Called with mu held.
 func (e *engine) retryNow(t *task) {
-	t.Value.part.waiting -= t.Value.size
-	e.bytes += t.Value.size
+	e.buf.Unpark(&t.Value.part.buf, t.Value.size)
 	e.ready.Push(t)
 }

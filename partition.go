@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/buffer"
 	"github.com/kpar/kpar/internal/offsetmeta"
 	"github.com/kpar/kpar/internal/sched"
 	"github.com/kpar/kpar/internal/window"
@@ -140,17 +141,12 @@ type partState struct {
 	level   int // n when this is retry topic n, else 0
 	win     *window.Window
 	lanes   sched.Lanes[item]
-	bytes   int64 // recordSize of unfinished records, held ones included
-	waiting int64 // the part of bytes waiting on retry timers, outside engine.bytes
-	running int   // records handed to workers and not finished yet
-	// Fetching is paused (paused) for either of two reasons: a window's
-	// worth of records is held (heldFull), or MaxBufferedBytes is used up
-	// and this partition holds more than its share of it (overBudget):
-	// records stuck behind a retrying key must not stop the fetching of
-	// other partitions. syncPause applies the change.
-	paused     bool
-	heldFull   bool
-	overBudget bool
+	running int // records handed to workers and not finished yet
+	// buf is the partition's part of the byte budget, and its reasons to
+	// pause fetching: a window's worth of records is held, or
+	// MaxBufferedBytes is used up and this partition holds more than its
+	// share of it (internal/buffer). syncPause applies a change.
+	buf buffer.Part
 	// held are fetched records that did not fit in the window, in offset
 	// order, waiting for room. Once heldCap records are held the partition
 	// is paused until half of that drained, so held records never exceed

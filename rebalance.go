@@ -150,9 +150,7 @@ func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][
 // new topic of that name and skip its records.
 func (g *groupSource) forgetTopic(topic string) {
 	e := g.e
-	g.idMu.Lock()
-	delete(g.ids, topic)
-	g.idMu.Unlock()
+	g.ids.forget(topic)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, ps := range e.parts {
@@ -170,9 +168,7 @@ func (e *engine) dropLocked(ps *partState) {
 	}
 	ps.status = dropped
 	e.stopRuns(ps)
-	e.bytes -= ps.bytes - ps.waiting
-	e.pending -= ps.win.Pending() + ps.held.Len()
-	ps.bytes = 0
+	wasPaused := e.buf.Drop(&ps.buf, ps.win.Pending()+ps.held.Len())
 	ps.held.reset()
 	for t, tm := range e.timers {
 		if t.Value.part == ps {
@@ -180,8 +176,7 @@ func (e *engine) dropLocked(ps *partState) {
 			delete(e.timers, t)
 		}
 	}
-	if ps.paused {
-		ps.paused, ps.heldFull, ps.overBudget = false, false, false
+	if wasPaused {
 		e.toggleFetch(fetchToggle{ps, false, 0, false})
 	}
 	if e.parts[ps.tp] == ps {
