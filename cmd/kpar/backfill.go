@@ -57,6 +57,7 @@ usage or range.`, stderr)
 	progressFile := fs.String("progress", "", "keep the progress in `FILE` and resume from it (default none: a new run starts over)")
 	progressInterval := fs.Duration("progress-interval", time.Second, "save the progress at most this often (and at the end)")
 	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered")
+	limits := addLimitFlags(fs) // forward_limits.go
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`, as kpar forward's: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (default the cluster read, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq)")
 	allowDeadLetters := fs.Bool("allow-dead-letters", false, "exit 0 when the range is done even if records were dead-lettered (default: exit 3 then, so that a pipeline notices)")
@@ -88,6 +89,9 @@ usage or range.`, stderr)
 		return fs.usageError("invalid --progress-interval %v: want more than 0", *progressInterval)
 	}
 	if code, ok := att.check(fs); !ok {
+		return code
+	}
+	if code, ok := limits.check(fs); !ok {
 		return code
 	}
 	if code, ok := req.check(fs); !ok {
@@ -151,12 +155,16 @@ usage or range.`, stderr)
 	for _, o := range att.opts() {
 		opts = append(opts, o)
 	}
+	for _, o := range limits.opts() {
+		opts = append(opts, o)
+	}
 	if *progressFile != "" {
 		opts = append(opts, kpar.ProgressFile(*progressFile))
 	}
 	log.Info("kpar backfill starting", "brokers", strings.Join(seeds, ","), "topic", *topic,
 		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
-		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe())
+		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe(),
+		"max_buffered_bytes", limits.maxBuffered.String())
 
 	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
 		return code

@@ -120,6 +120,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
 	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
+	limits := addLimitFlags(fs) // forward_limits.go
 	replyTopic := fs.String("reply-topic", "", "make the body of each 2xx answer a record on `TOPIC`, keyed like its input (204 or an empty body: none; with --batch, each answer item's \"reply\"), produced at least once, or exactly once with --exactly-once")
 	exactlyOnce := fs.Bool("exactly-once", false, "produce the replies (and the dead letters and retry-topic records) in one Kafka transaction with the commit of their inputs: a read_committed reader sees each exactly once; needs --group and a Kafka dead-letter sink, and a transactional ID: <group>-<--instance-id>, else <group>-<host name> (one forwarder per host)")
 	retryTopics := fs.String("retry-topics", "", "comma-separated `DELAYS` (1s,30s): after --max-attempts a record goes to <topic>.retry.1, due 1s later, then <topic>.retry.2, ..., then the dead letters; the main topic is not held up")
@@ -200,6 +201,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return code
 	}
 	if code, ok := att.check(fs); !ok {
+		return code
+	}
+	if code, ok := limits.check(fs); !ok {
 		return code
 	}
 	retryDelays, err := parseDelays(*retryTopics)
@@ -320,6 +324,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	for _, o := range rateOpts {
 		opts = append(opts, o)
 	}
+	for _, o := range limits.opts() {
+		opts = append(opts, o)
+	}
 	if *adaptive {
 		opts = append(opts, kpar.AdaptiveConcurrency())
 	}
@@ -366,6 +373,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
+	attrs = append(attrs, limits.attrs()...)
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
 	}
