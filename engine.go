@@ -213,6 +213,11 @@ func (e *engine) run(ctx context.Context) error {
 		}
 		defer out.cl.Close()
 		e.out = out
+		if e.cfg.exactlyOnce {
+			if err := e.initTransactions(ctx); err != nil { // txninit.go
+				return err
+			}
+		}
 	}
 	if err := e.src.open(ctx); err != nil {
 		return err

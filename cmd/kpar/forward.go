@@ -123,6 +123,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	limits := addLimitFlags(fs) // forward_limits.go
 	replyTopic := fs.String("reply-topic", "", "make the body of each 2xx answer a record on `TOPIC`, keyed like its input (204 or an empty body: none; with --batch, each answer item's \"reply\"), produced at least once, or exactly once with --exactly-once")
 	exactlyOnce := fs.Bool("exactly-once", false, "produce the replies (and the dead letters and retry-topic records) in one Kafka transaction with the commit of their inputs: a read_committed reader sees each exactly once; needs --group and a Kafka dead-letter sink, and a transactional ID: <group>-<--instance-id>, else <group>-<host name> (one forwarder per host)")
+	txn := addTxnFlags(fs) // forward_txn.go
 	retryTopics := fs.String("retry-topics", "", "comma-separated `DELAYS` (1s,30s): after --max-attempts a record goes to <topic>.retry.1, due 1s later, then <topic>.retry.2, ..., then the dead letters; the main topic is not held up")
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
@@ -204,6 +205,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return code
 	}
 	if code, ok := limits.check(fs); !ok {
+		return code
+	}
+	if code, ok := txn.check(fs, *exactlyOnce); !ok {
 		return code
 	}
 	retryDelays, err := parseDelays(*retryTopics)
@@ -318,6 +322,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		kpar.WithLogger(log),
 	}
 	opts = append(opts, membership...)
+	opts = append(opts, txn.opts(*exactlyOnce)...)
 	for _, o := range att.opts() {
 		opts = append(opts, o)
 	}
@@ -374,6 +379,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
 	attrs = append(attrs, limits.attrs()...)
+	attrs = append(attrs, txn.attrs(*exactlyOnce)...)
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
 	}
