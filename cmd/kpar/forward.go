@@ -139,6 +139,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default); classic protocol only: in the consumer protocol the broker sets it (group.consumer.session.timeout.ms, kpar broker --consumer-session-timeout)")
 	rebalanceTimeout := fs.Duration("rebalance-timeout", time.Minute, "how long a rebalance waits for the members to rejoin: a member that dies mid-rebalance holds the group (and its commits) this long; more than the 10s a revoke may wait for running records")
+	metadataMaxAge := addMetadataMaxAge(fs) // forward_metadata.go
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
 	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
@@ -208,6 +209,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return code
 	}
 	if code, ok := txn.check(fs, *exactlyOnce); !ok {
+		return code
+	}
+	if code, ok := checkMetadataMaxAge(fs, *metadataMaxAge); !ok {
 		return code
 	}
 	retryDelays, err := parseDelays(*retryTopics)
@@ -323,6 +327,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	opts = append(opts, membership...)
 	opts = append(opts, txn.opts(*exactlyOnce)...)
+	opts = append(opts, metadataOpts(*metadataMaxAge)...)
 	for _, o := range att.opts() {
 		opts = append(opts, o)
 	}
@@ -380,6 +385,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	attrs = append(attrs, limits.attrs()...)
 	attrs = append(attrs, txn.attrs(*exactlyOnce)...)
+	attrs = append(attrs, "metadata_max_age", *metadataMaxAge)
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
 	}
