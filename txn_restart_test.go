@@ -2,6 +2,8 @@ package kpar
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,5 +107,70 @@ func TestExactlyOnceRestartEndsThePredecessorsTransactionAtOnce(t *testing.T) {
 	waitFor(t, first, 20*time.Second, "the first record after the restart")
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestExactlyOnceRetriesAFailedProducerInitialisation: a broker that
+// answers the first InitProducerID with a retriable error
+// (COORDINATOR_LOAD_IN_PROGRESS) delays the member, logged, rather than
+// failing Run; an error franz-go keeps for good (UNKNOWN_SERVER_ERROR,
+// TRANSACTIONAL_ID_AUTHORIZATION_FAILED) fails Run at once, naming the
+// transactional ID.
+func TestExactlyOnceRetriesAFailedProducerInitialisation(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		code  int16
+		fatal bool
+	}{
+		{"coordinator loading", kerr.CoordinatorLoadInProgress.Code, false},
+		{"unknown server error", kerr.UnknownServerError.Code, true},
+		{"not authorized", kerr.TransactionalIDAuthorizationFailed.Code, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const topic, group = "in", "eos-init"
+			c := newFakeCluster(t, "refuses InitProducerID", topic, 1)
+			produce(t, c, topic, 3, 1)
+			var refused atomic.Int64
+			c.ControlKey(int16(kmsg.InitProducerID), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+				req := kreq.(*kmsg.InitProducerIDRequest)
+				if req.TransactionalID == nil || (!tc.fatal && refused.Load() > 0) {
+					return nil, nil, false
+				}
+				c.KeepControl()
+				refused.Add(1)
+				resp := req.ResponseKind().(*kmsg.InitProducerIDResponse)
+				resp.ErrorCode = tc.code
+				return resp, nil, true
+			})
+			first := make(chan struct{})
+			var once atomic.Bool
+			h := HandlerFunc(func(context.Context, *kgo.Record) error {
+				if once.CompareAndSwap(false, true) {
+					close(first)
+				}
+				return nil
+			})
+			cons, err := New(h, append(testOpts(c, group, topic), ExactlyOnce(), InstanceID("m1"))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.fatal {
+				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+				defer cancel()
+				err := cons.Run(ctx)
+				if err == nil || !errors.Is(err, kerr.ErrorForCode(tc.code)) || !strings.Contains(err.Error(), `"eos-init-m1"`) {
+					t.Fatalf("Run = %v, want %v naming the transactional ID", err, kerr.ErrorForCode(tc.code))
+				}
+				return
+			}
+			stop := runConsumer(t, cons)
+			waitFor(t, first, 30*time.Second, "the first record after a refused initialisation")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if refused.Load() != 1 {
+				t.Errorf("InitProducerID refused %d times, want 1", refused.Load())
+			}
+		})
 	}
 }

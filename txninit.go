@@ -2,9 +2,11 @@ package kpar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -28,12 +30,35 @@ func (e *engine) initTransactions(ctx context.Context) error {
 		"one of another ID holds the group's offsets until its transaction timeout",
 		"transactional_id", id, "transaction_timeout", timeout)
 	start := time.Now()
-	if _, _, err := e.out.cl.ProducerID(ctx); err != nil {
-		if ctx.Err() != nil {
+	for wait := time.Second; ; wait = min(2*wait, 5*time.Second) {
+		_, _, err := e.out.cl.ProducerID(ctx)
+		switch {
+		case err == nil:
+			e.log.Info("kpar: transactional producer ready", "transactional_id", id, "took", time.Since(start).Round(time.Millisecond))
+			return nil
+		case ctx.Err() != nil:
 			return nil // stopping: Run ends as it would have
+		case sticksToTheProducer(err):
+			return fmt.Errorf("kpar: initialising the transactional producer %q: %w", id, err)
 		}
-		return fmt.Errorf("kpar: initialising the transactional producer %q: %w", id, err)
+		// A broker that cannot be reached or answers a retriable error
+		// (its transaction state still loading, say) is waited for, as
+		// a group join is: franz-go loads the ID again on the next
+		// call.
+		e.log.Warn("kpar: initialising the transactional producer failed; retrying", "transactional_id", id, "err", err, "retry_in", wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil
+		}
 	}
-	e.log.Info("kpar: transactional producer ready", "transactional_id", id, "took", time.Since(start).Round(time.Millisecond))
-	return nil
+}
+
+// sticksToTheProducer reports whether franz-go keeps err as the producer's
+// state for good: an error code the broker does not call retriable
+// (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, say). Retrying on the same client
+// would return it again; Run fails with it instead.
+func sticksToTheProducer(err error) bool {
+	var ke *kerr.Error
+	return errors.As(err, &ke) && !ke.Retriable && !errors.Is(err, kerr.ConcurrentTransactions)
 }
