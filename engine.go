@@ -255,6 +255,11 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 func (e *engine) run(ctx context.Context) error {
 	if e.out != nil {
 		defer e.out.close()
+		if e.cfg.exactlyOnce {
+			if err := e.initTransactions(ctx); err != nil { // txninit.go
+				return err
+			}
+		}
 	}
 	if err := e.src.open(ctx); err != nil {
 		return err

@@ -390,10 +390,14 @@ func KeyRateLimit(perSecond float64, burst int) FlowOpt {
 }
 
 // InstanceID makes the consumer a static group member (KIP-345) with this
-// group.instance.id: a member that restarts with the same ID within the
-// session timeout gets its partitions back at once, without a rebalance,
-// instead of waiting for the session timeout to expire. Each running member
-// needs its own ID (a second member with the same ID fences the first).
+// group.instance.id. In the classic protocol a member that restarts with
+// the same ID within the session timeout, after a clean stop or a crash,
+// gets its partitions back at once, without a rebalance, instead of
+// waiting for the session timeout to expire. In the consumer protocol
+// that holds only after a clean stop: after a crash the broker answers the
+// restarted member UNRELEASED_INSTANCE_ID until the dead member's session
+// expires, as long as a dynamic member waits. Each running member needs
+// its own ID (a second member with the same ID fences the first).
 // Default: none (a dynamic member).
 //
 // With RunMembers, member i gets the ID "<id>-<i>".
