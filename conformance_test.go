@@ -51,6 +51,7 @@ type flowRow struct {
 func flowRows() []flowRow {
 	return []flowRow{
 		{"outage", testOutage},
+		{"misconfigured", testMisconfigured},
 		{"rate-limit", testRateLimit},
 		{"key-rate-limit", testKeyRateLimit},
 		{"adaptive", testAdaptive},

@@ -58,7 +58,8 @@ type engine struct {
 	// closing is set when shutdown begins: revokes from then on (leaving
 	// the group) do not wait for running records, the drain did.
 	closing atomic.Bool
-	over    overloadLog // summarises overload logs; a lock of its own
+	over    overloadLog  // summarises overload logs; a lock of its own
+	misconf misconfigLog // logs Misconfigured spells; a lock of its own
 
 	_ [falseSharingPad]byte
 

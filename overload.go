@@ -76,6 +76,10 @@ func (e *engine) overloaded(err error, attrs []any) bool {
 	if !IsOverloaded(err) {
 		return false
 	}
+	if IsMisconfigured(err) {
+		e.misconfigured(err, attrs)
+		return true
+	}
 	o := &e.over
 	now := time.Now()
 	prev := o.last.Swap(now.UnixNano())
@@ -111,6 +115,9 @@ func (e *engine) overloaded(err error, attrs []any) bool {
 // open (a probe: the outage is over, however soon the backlog drains).
 // Called for every success: it costs an atomic load unless a spell is on.
 func (e *engine) recovered() {
+	if e.misconf.active.Load() {
+		e.misconfigRecovered(time.Now())
+	}
 	o := &e.over
 	if !o.active.Load() {
 		return
