@@ -103,7 +103,7 @@ type stallWatch struct {
 	// brokers is when the brokers last answered, and the first failure to
 	// reach one since (brokers.go).
 	brokers brokerWatch
-	cl       atomic.Pointer[groupClient] // the Consumer's client, for lag
+	cl      atomic.Pointer[groupClient] // the Consumer's client, for lag
 
 	commitMu  sync.Mutex // guards committed
 	committed map[string]map[int32]int64
