@@ -73,6 +73,7 @@ type engine struct {
 	retries
 	pauses
 	settling
+	hangs hangWatch // successes and outages, for the hang policy (hang.go)
 }
 
 // dispatch is the ready queue and the workers that take from it
