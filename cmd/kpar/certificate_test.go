@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // rotatingEndpoint is an https endpoint whose certificate can be swapped
@@ -28,6 +30,13 @@ type rotatingEndpoint struct {
 
 func newRotatingEndpoint(t *testing.T, first *tls.Config) *rotatingEndpoint {
 	t.Helper()
+	return newRotatingEndpointOn(t, nil, first)
+}
+
+// newRotatingEndpointOn is newRotatingEndpoint serving ln (nil: a free
+// port).
+func newRotatingEndpointOn(t *testing.T, ln net.Listener, first *tls.Config) *rotatingEndpoint {
+	t.Helper()
 	e := &rotatingEndpoint{endpoint: &endpoint{
 		behave:   func(int, int) reply { return reply{} },
 		attempts: make(map[int][]time.Time),
@@ -35,6 +44,10 @@ func newRotatingEndpoint(t *testing.T, first *tls.Config) *rotatingEndpoint {
 	}}
 	e.cert.Store(first)
 	e.srv = httptest.NewUnstartedServer(e.endpoint)
+	if ln != nil {
+		e.srv.Listener.Close()
+		e.srv.Listener = ln
+	}
 	e.srv.Config.ErrorLog = quietLog()
 	e.srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return e.cert.Load(), nil }}
 	e.srv.StartTLS()
@@ -114,6 +127,56 @@ func TestForwardHoldsRecordsWhileTheCertificateDoesNotVerify(t *testing.T) {
 
 	ep.rotate(other)
 	produceIndexed(ctx, t, "orders", n-first, 6, kgo.SeedBrokers(addr))
+	holdsWhileRefused(ctx, t, p, status, dlq)
+
+	ep.rotate(trusted)
+	deliversOnceFixed(ctx, t, p, ep, status, dlq, n)
+}
+
+// TestForwardHoldsRecordsWhenTheEndpointComesUpWithABadCertificate: an
+// https endpoint that is down when kpar forward starts (a warning, not an
+// exit), then comes up with a certificate that does not verify, holds the
+// records as a rotation mid-run does (issue 35: 100% were dead-lettered).
+func TestForwardHoldsRecordsWhenTheEndpointComesUpWithABadCertificate(t *testing.T) {
+	t.Parallel()
+	bin, ctx := e2e(t, 2*time.Minute)
+	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "3")
+	trusted, caPEM := selfSigned(t)
+	other, _ := selfSigned(t)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := testkit.ClosedPort(t)
+	dlq := filepath.Join(t.TempDir(), "dead.jsonl")
+	const n = 60
+	produceIndexed(ctx, t, "orders", n, 6, kgo.SeedBrokers(addr))
+	p := startForward(ctx, t, bin, nil, "--brokers", addr, "--group", "g", "--topic", "orders",
+		"--url", "https://"+endpoint, "--url-ca", caFile, "--dead-letters", "file://"+dlq, "--max-attempts", "1",
+		"--metrics-listen", "127.0.0.1:0")
+	if !p.stderr.wait(ctx, "does not answer yet", p.exited) {
+		t.Fatalf("no warning that the endpoint does not answer yet; stderr:\n%s", tail(p.stderr))
+	}
+	status := statusAddr(t, p)
+	ln, err := net.Listen("tcp", endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := newRotatingEndpointOn(t, ln, other)
+	holdsWhileRefused(ctx, t, p, status, dlq)
+	ep.rotate(trusted)
+	deliversOnceFixed(ctx, t, p, ep, status, dlq, n)
+}
+
+// quietLog discards the endpoint's TLS handshake errors.
+func quietLog() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// holdsWhileRefused checks a forwarder whose endpoint's certificate does
+// not verify: it says so at ERROR, /readyz answers 503 saying why, and for
+// two seconds of refused requests nothing is dead-lettered (before, every
+// record that came was, within them).
+func holdsWhileRefused(ctx context.Context, t *testing.T, p *process, status, dlq string) {
+	t.Helper()
 	if !p.stderr.wait(ctx, "refuses every attempt for a configuration error", p.exited) {
 		t.Fatalf("no line saying the endpoint refuses every attempt; stderr:\n%s", tail(p.stderr))
 	}
@@ -135,14 +198,20 @@ func TestForwardHoldsRecordsWhileTheCertificateDoesNotVerify(t *testing.T) {
 			t.Errorf("/readyz body %q lacks %q", body, want)
 		}
 	}
-	// Two seconds of refused requests: before, every record that came
-	// was dead-lettered within them.
 	time.Sleep(2 * time.Second)
 	if b, err := os.ReadFile(dlq); err == nil && len(b) > 0 {
 		t.Errorf("dead letters written while the certificate did not verify:\n%.2000s", b)
 	}
 
-	ep.rotate(trusted)
+}
+
+// deliversOnceFixed checks a forwarder whose endpoint's certificate
+// verifies again: every one of n records is delivered, the log says the
+// configuration error is over, /readyz is ready again, SIGTERM exits 0,
+// nothing was dead-lettered and the ERROR line names the endpoint and the
+// x509 error.
+func deliversOnceFixed(ctx context.Context, t *testing.T, p *process, ep *rotatingEndpoint, status, dlq string, n int) {
+	t.Helper()
 	// The second records' values repeat the first's: count answers.
 	ep.waitFor(ctx, t, p, "every record delivered once the certificate verifies again", func() bool { return ep.answers() >= n })
 	if !p.stderr.wait(ctx, "configuration error is over", p.exited) {
@@ -181,6 +250,3 @@ func TestForwardHoldsRecordsWhileTheCertificateDoesNotVerify(t *testing.T) {
 		}
 	}
 }
-
-// quietLog discards the endpoint's TLS handshake errors.
-func quietLog() *log.Logger { return log.New(io.Discard, "", 0) }
