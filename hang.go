@@ -35,6 +35,12 @@ import (
 //     failed as overloaded or timed out since the last success (a fresh
 //     record refused, or hung with nothing answered around it). Then
 //     every record waits, as for any outage.
+//   - And unless it may be: nothing was answered during the suspect's
+//     last attempt while records that are not suspects wait to run
+//     (other keys, other partitions). The suspect then steps aside for
+//     an attempt's time so that they are tried: if they hang too, the
+//     endpoint is down (above); if nothing else waits, the rest of the
+//     traffic has stopped, and the suspect goes.
 //
 // A blackholed endpoint (every request hangs) thus dead-letters nothing
 // while records that were never answered around it keep failing; a record
@@ -128,11 +134,12 @@ func (e *engine) hung(it *item, x *extra, err error, timedOut bool, backoff time
 	if now.Add(backoff + e.cfg.attemptTimeout).Before(from.Add(e.cfg.hangLimit)) {
 		return false, 0
 	}
-	if e.ready.Any(func(t *task) bool { return t.Value.x == nil || !t.Value.x.hang.suspect }) {
-		// Other records could run (other keys, other partitions) and
-		// wait: the rest of the traffic has not stopped, it is held up.
-		// Step aside for an attempt's time so that they are tried: if
-		// they hang too, the downstream is down (downAt).
+	if !answered.After(start) && e.ready.Any(func(t *task) bool { return t.Value.x == nil || !t.Value.x.hang.suspect }) {
+		// Nothing was answered during this attempt, and other records
+		// could run (other keys, other partitions) and wait: the rest
+		// of the traffic has not stopped, it is held up. Step aside for
+		// an attempt's time so that they are tried: if they hang too,
+		// the downstream is down (downAt).
 		return false, e.cfg.attemptTimeout
 	}
 	x.lastErr = fmt.Errorf("kpar: the record hung the downstream: its attempts timed out for %v while the downstream answered other records (HangLimit %v); dead-lettered so that its key and its partition's commits go on: %w",
