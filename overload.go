@@ -54,7 +54,10 @@ func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
 	if e.brk == nil {
 		return
 	}
-	over := err != nil && (timedOut || IsOverloaded(err))
+	// A record suspected of hanging the downstream (hang.go) is not a
+	// sign of its overload: its timeouts do not slow the others down to
+	// probes, nor serialise the suspects behind one probe at a time.
+	over := err != nil && (timedOut || IsOverloaded(err)) && (t.Value.x == nil || !t.Value.x.hang.suspect)
 	if over || e.brk.Watching() {
 		now = time.Now()
 	}
