@@ -208,6 +208,7 @@ func (e *engine) watchdog(ctx context.Context, hard <-chan struct{}) {
 		case now := <-t.C:
 			e.expireAttempts(now)
 			e.detectStuck(now)
+			e.sampleAnswers(now)
 		}
 	}
 }

@@ -89,7 +89,8 @@ type engine struct {
 	// closing is set when shutdown begins: revokes from then on (leaving
 	// the group) do not wait for running records, the drain did.
 	closing atomic.Bool
-	over    overloadLog // summarises overload logs; a lock of its own
+	over    overloadLog  // summarises overload logs; a lock of its own
+	misconf misconfigLog // logs Misconfigured spells; a lock of its own
 
 	_ [falseSharingPad]byte
 
@@ -117,6 +118,7 @@ type engine struct {
 	retries
 	pauses
 	settling
+	hangs hangWatch // successes and outages, for the hang policy (hang.go)
 }
 
 // dispatch is the ready queue and the workers that take from it

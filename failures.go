@@ -98,6 +98,12 @@ func (c *cfg) nowhereToGo(it *item, err error) bool {
 func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
 	it := &t.Value
 	x := noteFailure(it, err, timedOut, now)
+	dead, wait := e.hung(it, x, err, timedOut, backoff)
+	if dead {
+		e.exile(t) // to the dead letters (toDeadLetters)
+		return
+	}
+	backoff = max(backoff, wait)
 	if IsOverloaded(err) && x.class != deadletter.ClassPermanent {
 		// The downstream pushed back: the adaptive limit (or, without it,
 		// the overload breaker) paces the retries, and the attempt does
@@ -208,6 +214,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 		if e.toDeadLetters(t.Value.x) {
 			e.outcomes.DeadLettered()
 		}
+		e.hangs.exiledDone++
 		if next := e.complete(t); next != nil {
 			e.ready.Push(next)
 			handedOver++
@@ -222,7 +229,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 // sink rather than to its next retry topic: it failed for good, it used
 // the last retry topic, or that topic refused it as too large.
 func (e *engine) toDeadLetters(x *extra) bool {
-	return x.class == deadletter.ClassPermanent || x.level >= len(e.cfg.retryTopics) || x.retryRefused
+	return x.class == deadletter.ClassPermanent || x.level >= len(e.cfg.retryTopics) || x.retryRefused || x.hung
 }
 
 // sinkBackoff spaces out writes to a failing retry topic or sink: full

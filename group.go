@@ -42,6 +42,9 @@ type groupSource struct {
 	// assignment changed. The rebalance callbacks only set it, so that no
 	// metadata request delays a rebalance.
 	shareStale atomic.Bool
+	// lost keeps what was finished on partitions lost without a commit,
+	// for when they come back (lostwork.go).
+	lost lostWork
 }
 
 func newGroupSource(e *engine) *groupSource {

@@ -194,6 +194,7 @@ type cfg struct {
 	maxAttempts    int
 	attemptTimeout time.Duration
 	stuckAfter     time.Duration
+	hangLimit      time.Duration // HangLimit (hang.go); 0: off
 	deadLetters    deadletter.Sink
 	retryTopics    []time.Duration
 
@@ -244,6 +245,7 @@ func defaultCfg() cfg {
 		readers:             1,
 		progressInterval:    time.Second,
 		attemptTimeout:      30 * time.Second,
+		hangLimit:           defaultHangLimit,
 		logger:              slog.New(slog.DiscardHandler),
 	}
 }
@@ -546,6 +548,8 @@ func (c *cfg) validateFlow() error {
 		return fmt.Errorf("kpar: MaxAttempts(%d) out of range: want 1 or more", c.maxAttempts)
 	case c.attemptTimeout <= 0:
 		return fmt.Errorf("kpar: AttemptTimeout(%v) out of range: want more than 0", c.attemptTimeout)
+	case c.hangLimit < 0:
+		return fmt.Errorf("kpar: HangLimit(%v) out of range: want 0 (off) or more", c.hangLimit)
 	case c.stuckAfter < 0:
 		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want 0 (twice AttemptTimeout) or more", c.stuckAfter)
 	case c.logger == nil:

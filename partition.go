@@ -59,6 +59,10 @@ type extra struct {
 	// retryRefused: its next retry topic refused it as too large, so it
 	// goes to the dead letters instead (writeExiled). Set under mu.
 	retryRefused bool
+	// hang is its timed-out streak, hung set once the hang policy sent it
+	// to the dead letters (hang.go). Set under mu.
+	hang hangState
+	hung bool
 
 	// Records consumed from a retry topic: the level n of <topic>.retry.<n>,
 	// when they are due, the attempts before this level, and the original
