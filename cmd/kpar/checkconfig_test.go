@@ -56,7 +56,7 @@ func TestForwardCheckConfigPrintsWhatItWouldDoAndContactsNothing(t *testing.T) {
 	for _, want := range []string{
 		"the configuration is valid",
 		"  brokers: 127.0.0.1:1\n", "  group: billing\n", "  topics: orders\n", "  concurrency: 32\n",
-		"  url: http://127.0.0.1:1/orders\n", "  content_type: application/json\n",
+		"  url: http://127.0.0.1:1/orders\n", "  content_type: application/json unless the record has a content-type header\n",
 		"  dead_letters: file://" + letters + "\n",
 		"  metrics_listen: " + taken.Addr().String() + "\n",
 		"  status_paths: /,/metrics,/healthz,/readyz,/api/status\n",
