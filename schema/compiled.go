@@ -1,0 +1,162 @@
+package schema
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/bufbuild/protocompile"
+	"github.com/hamba/avro/v2"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/kpar/kpar/forward"
+)
+
+// compiled is a registered schema made ready to decode with.
+type compiled struct {
+	id   int
+	form forward.Form
+	avro avro.Schema
+	file protoreflect.FileDescriptor
+	json *jsonschema.Schema // the JSON Schema validator; nil when jsonErr
+	// jsonErr is why a JSON Schema did not compile as a validator (a
+	// draft the validator does not know): an error only when validating.
+	jsonErr error
+}
+
+// compile parses s, whose references refs come dependencies first.
+func compile(id int, s sr.Schema, refs []reference) (*compiled, error) {
+	c := &compiled{id: id}
+	switch s.Type {
+	case sr.TypeAvro:
+		c.form = forward.FormAvro
+		cache := &avro.SchemaCache{}
+		for _, rf := range refs {
+			if rf.schema.Type != sr.TypeAvro {
+				return nil, fmt.Errorf("reference %s is %s, not Avro", rf.name, rf.schema.Type)
+			}
+			if _, err := avro.ParseWithCache(rf.schema.Schema, "", cache); err != nil {
+				return nil, fmt.Errorf("reference %s: %w", rf.name, err)
+			}
+		}
+		a, err := avro.ParseWithCache(s.Schema, "", cache)
+		if err != nil {
+			return nil, err
+		}
+		c.avro = a
+	case sr.TypeProtobuf:
+		c.form = forward.FormProtobuf
+		const main = "kpar/registered.proto"
+		files := map[string]string{main: s.Schema}
+		for _, rf := range refs {
+			files[rf.name] = rf.schema.Schema
+		}
+		comp := protocompile.Compiler{
+			Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+				Accessor: protocompile.SourceAccessorFromMap(files),
+			}),
+		}
+		fds, err := comp.Compile(context.Background(), main)
+		if err != nil {
+			return nil, err
+		}
+		c.file = fds[0]
+	case sr.TypeJSON:
+		c.form = forward.FormJSONSchema
+		c.json, c.jsonErr = compileJSONSchema(s, refs)
+	default:
+		return nil, fmt.Errorf("unknown schema type %q", s.Type)
+	}
+	return c, nil
+}
+
+func compileJSONSchema(s sr.Schema, refs []reference) (*jsonschema.Schema, error) {
+	comp := jsonschema.NewCompiler()
+	for _, rf := range refs {
+		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(rf.schema.Schema))
+		if err != nil {
+			return nil, fmt.Errorf("reference %s: %w", rf.name, err)
+		}
+		if err := comp.AddResource(rf.name, doc); err != nil {
+			return nil, fmt.Errorf("reference %s: %w", rf.name, err)
+		}
+	}
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(s.Schema))
+	if err != nil {
+		return nil, err
+	}
+	const main = "kpar-registered.json"
+	if err := comp.AddResource(main, doc); err != nil {
+		return nil, err
+	}
+	return comp.Compile(main)
+}
+
+// validateJSON checks the JSON v against the JSON Schema.
+func (c *compiled) validateJSON(v []byte) error {
+	if c.jsonErr != nil {
+		return fmt.Errorf("the schema does not compile for validation: %w", c.jsonErr)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(v))
+	if err != nil {
+		return err
+	}
+	if err := c.json.Validate(inst); err != nil {
+		return fmt.Errorf("does not match its schema: %w", err)
+	}
+	return nil
+}
+
+// message returns the Protobuf message the indexes name.
+func (c *compiled) message(idx []int) (protoreflect.MessageDescriptor, error) {
+	var md protoreflect.MessageDescriptor
+	msgs := c.file.Messages()
+	for n, i := range idx {
+		if i >= msgs.Len() {
+			return nil, fmt.Errorf("message index %v: no message %d at depth %d (%d there)", idx, i, n, msgs.Len())
+		}
+		md = msgs.Get(i)
+		msgs = md.Messages()
+	}
+	if md == nil {
+		return nil, errors.New("no message indexes")
+	}
+	return md, nil
+}
+
+// decode turns payload (after the prefix) into JSON; idx are the
+// Protobuf message indexes.
+func (c *compiled) decode(payload []byte, idx []int, validate bool) ([]byte, error) {
+	switch c.form {
+	case forward.FormAvro:
+		return avroToJSON(c.avro, payload)
+	case forward.FormProtobuf:
+		md, err := c.message(idx)
+		if err != nil {
+			return nil, err
+		}
+		m := dynamicpb.NewMessage(md)
+		if err := proto.Unmarshal(payload, m); err != nil {
+			return nil, err
+		}
+		return protojson.Marshal(m)
+	default:
+		if !json.Valid(payload) {
+			return nil, errors.New("not valid JSON")
+		}
+		if validate {
+			if err := c.validateJSON(payload); err != nil {
+				return nil, err
+			}
+		}
+		return payload, nil
+	}
+}
