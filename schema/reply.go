@@ -89,3 +89,9 @@ func (e *ReplyEncoder) EncodeReply(ctx context.Context, in *kgo.Record, value []
 func (e *ReplyEncoder) misfit(c *compiled, err error) error {
 	return kpar.Permanent(fmt.Errorf("the reply does not fit schema ID %d (subject %s, %s): %w", c.id, e.subject, c.form, err))
 }
+
+// LazyReplyEncoder is NewReplyEncoder without the lookup at start: for a
+// registry that does not answer yet (the first reply waits for it).
+func LazyReplyEncoder(reg *Registry, subject string, version int) *ReplyEncoder {
+	return &ReplyEncoder{reg: reg, subject: subject, version: version}
+}

@@ -55,6 +55,7 @@ exits 1.`, stderr)
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq)")
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
+	typed := addTypedFlags(fs, false) // typed.go
 	if code, ok := fs.parseArgs(args, "brokers", "topic", "from", "to", "url"); !ok {
 		return code
 	}
@@ -109,6 +110,11 @@ exits 1.`, stderr)
 	if !ok {
 		return code
 	}
+	typedOpts, typedAttrs, code, ok := typed.opts(ctx, fs, log, "")
+	if !ok {
+		return code
+	}
+	fwdOpts = append(fwdOpts, typedOpts...)
 	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
 	if !ok {
 		return code
@@ -147,9 +153,9 @@ exits 1.`, stderr)
 	if *progressFile != "" {
 		opts = append(opts, kpar.ProgressFile(*progressFile))
 	}
-	log.Info("kpar backfill starting", "brokers", strings.Join(seeds, ","), "topic", *topic,
+	log.Info("kpar backfill starting", append([]any{"brokers", strings.Join(seeds, ","), "topic", *topic,
 		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
-		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe())
+		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe()}, typedAttrs...)...)
 
 	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
 		return code

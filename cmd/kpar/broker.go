@@ -39,6 +39,7 @@ heartbeat interval from the broker: --consumer-session-timeout and
 	deliveries := fs.Int("share-delivery-limit", 5, "deliveries of a share-group record before the broker archives it (group.share.delivery.count.limit, 2 to 10)")
 	session := fs.Duration("consumer-session-timeout", 45*time.Second, "how long a consumer-protocol group waits for a silent member before moving its partitions (group.consumer.session.timeout.ms; Kafka's default); --session-timeout of kpar forward does not apply in that protocol")
 	heartbeat := fs.Duration("consumer-heartbeat-interval", time.Second, "how often consumer-protocol members heartbeat, and so how soon they learn a new assignment (group.consumer.heartbeat.interval.ms; Kafka's default is 5s)")
+	registry := addBrokerRegistryFlag(fs) // broker_registry.go
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -87,6 +88,15 @@ heartbeat interval from the broker: --consumer-session-timeout and
 		return 1
 	}
 	fmt.Fprintf(stdout, "kpar broker listening on %s\n", c.Addr())
+	if *registry != "" {
+		stop, err := serveRegistry(*registry, stdout)
+		if err != nil {
+			c.Close()
+			fmt.Fprintf(stderr, "kpar broker: --schema-registry: %v\n", err)
+			return 1
+		}
+		defer stop()
+	}
 
 	<-ctx.Done()
 	// With --data-dir, Close saves what kfake only writes at shutdown

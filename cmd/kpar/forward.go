@@ -141,6 +141,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
+	typed := addTypedFlags(fs, true) // typed.go
 	if code, ok := fs.parseArgs(args, "brokers", "url"); !ok {
 		return code
 	}
@@ -240,6 +241,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if !ok {
 		return code
 	}
+	typedOpts, typedAttrs, code, ok := typed.opts(ctx, fs, log, *replyTopic)
+	if !ok {
+		return code
+	}
+	fwdOpts = append(fwdOpts, typedOpts...)
 	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
 	if !ok {
 		return code
@@ -405,6 +411,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if *metricsListen != "" {
 		attrs = append(attrs, "metrics_listen", *metricsListen)
 	}
+	attrs = append(attrs, typedAttrs...)
 	log.Info("kpar forward starting", attrs...)
 
 	// A certificate that does not verify fails every request alike: a
