@@ -2,6 +2,7 @@ package schema
 
 import (
 	"bytes"
+	"encoding/base64"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/kpar/kpar/forward"
@@ -60,9 +62,17 @@ func compile(id int, s sr.Schema, refs []reference) (*compiled, error) {
 			files[rf.name] = rf.schema.Schema
 		}
 		comp := protocompile.Compiler{
-			Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
-				Accessor: protocompile.SourceAccessorFromMap(files),
-			}),
+			Resolver: protocompile.WithStandardImports(protocompile.ResolverFunc(func(path string) (protocompile.SearchResult, error) {
+				text, ok := files[path]
+				if !ok {
+					return protocompile.SearchResult{}, fmt.Errorf("%s: not among the schema's references", path)
+				}
+				if fd := serializedFile(text); fd != nil {
+					fd.Name = proto.String(path)
+					return protocompile.SearchResult{Proto: fd}, nil
+				}
+				return protocompile.SearchResult{Source: strings.NewReader(text)}, nil
+			})),
 		}
 		fds, err := comp.Compile(context.Background(), main)
 		if err != nil {
@@ -76,6 +86,25 @@ func compile(id int, s sr.Schema, refs []reference) (*compiled, error) {
 		return nil, fmt.Errorf("unknown schema type %q", s.Type)
 	}
 	return c, nil
+}
+
+// serializedFile reads a Protobuf schema registered as a serialized
+// FileDescriptorProto in base64 (Confluent's JavaScript and Go serializers
+// register that form; the registry serves it back as it was given), or
+// returns nil for schema text.
+func serializedFile(text string) *descriptorpb.FileDescriptorProto {
+	if strings.ContainsAny(text, " \n\t;{") {
+		return nil
+	}
+	b, err := base64.StdEncoding.DecodeString(text)
+	if err != nil {
+		return nil
+	}
+	fd := &descriptorpb.FileDescriptorProto{}
+	if proto.Unmarshal(b, fd) != nil {
+		return nil
+	}
+	return fd
 }
 
 func compileJSONSchema(s sr.Schema, refs []reference) (*jsonschema.Schema, error) {

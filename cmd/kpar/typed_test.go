@@ -1,0 +1,507 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bufbuild/protocompile"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
+)
+
+// typedEndpoint keeps the body and headers of each request by its
+// record's key.
+type typedEndpoint struct {
+	mu   sync.Mutex
+	got  map[string]typedRequest // guarded by mu
+	srv  *httptest.Server
+	seen chan struct{} // receives after each request
+}
+
+type typedRequest struct {
+	body   []byte
+	header http.Header
+}
+
+func newTypedEndpoint(t *testing.T) *typedEndpoint {
+	e := &typedEndpoint{got: map[string]typedRequest{}, seen: make(chan struct{}, 1024)}
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		key, _ := base64.StdEncoding.DecodeString(r.Header.Get("Kpar-Key"))
+		e.mu.Lock()
+		e.got[string(key)] = typedRequest{body, r.Header.Clone()}
+		e.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+		select {
+		case e.seen <- struct{}{}:
+		default:
+		}
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+// await waits until n distinct records arrived.
+func (e *typedEndpoint) await(ctx context.Context, t *testing.T, n int, p *process) map[string]typedRequest {
+	t.Helper()
+	for {
+		e.mu.Lock()
+		if len(e.got) >= n {
+			out := e.got
+			e.mu.Unlock()
+			return out
+		}
+		have := len(e.got)
+		e.mu.Unlock()
+		select {
+		case <-e.seen:
+		case <-ctx.Done():
+			t.Fatalf("the endpoint got %d of %d records: %v\nkpar forward:\n%s", have, n, ctx.Err(), tail(p.stderr))
+		}
+	}
+}
+
+// registryURL waits for kpar broker's registry line and returns its URL.
+func registryURL(ctx context.Context, t *testing.T, b *brokerProcess) string {
+	t.Helper()
+	const prefix = "kpar broker schema registry listening on "
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for line := range strings.SplitSeq(b.stdout.String(), "\n") {
+			if u, ok := strings.CutPrefix(line, prefix); ok {
+				return u
+			}
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("no registry line; stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
+		}
+	}
+}
+
+const (
+	interopOrderProto = `syntax = "proto3";
+package shop;
+import "shop/money.proto";
+message Header { string source = 1; }
+message Order {
+  enum Kind { KIND_UNSPECIFIED = 0; ONLINE = 1; SHOP = 2; }
+  message Line { string sku = 1; int32 qty = 2; repeated string tags = 3; }
+  int64 id = 1;
+  repeated Line lines = 2;
+  Kind kind = 3;
+  Money total = 4;
+  bytes blob = 5;
+  map<string, int32> counts = 6;
+}
+`
+	interopMoneyProto = `syntax = "proto3";
+package shop;
+message Money { string currency = 1; int64 units = 2; }
+`
+	interopAvroV1 = `{"type":"record","name":"Order","namespace":"shop","fields":[
+ {"name":"id","type":"long"},
+ {"name":"note","type":["null","string"]},
+ {"name":"status","type":{"type":"enum","name":"Status","symbols":["NEW","PAID","SHIPPED"]}},
+ {"name":"blob","type":"bytes"},
+ {"name":"hash","type":{"type":"fixed","name":"Hash","size":4}},
+ {"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}},
+ {"name":"day","type":{"type":"int","logicalType":"date"}},
+ {"name":"price","type":{"type":"bytes","logicalType":"decimal","precision":10,"scale":2}},
+ {"name":"uid","type":{"type":"string","logicalType":"uuid"}},
+ {"name":"tags","type":{"type":"array","items":"string"}},
+ {"name":"attrs","type":{"type":"map","values":"long"}},
+ {"name":"ratio","type":"double"}
+]}`
+	interopJSONSchema = `{"type":"object","properties":{"id":{"type":"integer"},"name":{"type":"string"},"tags":{"type":"array","items":{"type":"string"}}},"required":["id"]}`
+)
+
+// interopAvroV2 is v1 with a defaulted field, a compatible evolution.
+var interopAvroV2 = strings.Replace(interopAvroV1, `{"name":"ratio","type":"double"}`,
+	`{"name":"ratio","type":"double"},{"name":"channel","type":"string","default":"web"}`, 1)
+
+// interopAvroKinds says how each Avro field of the Node deserializer's
+// value maps to kpar's JSON (docs/http-contract.md's table).
+var interopAvroKinds = map[string]string{
+	"blob": "bytes", "hash": "bytes", "at": "timestamp-millis", "day": "date", "price": "decimal2",
+}
+
+// interopProtoFiles compiles the test's Protobuf files.
+func interopProtoFiles(t *testing.T) []protoreflect.FileDescriptor {
+	t.Helper()
+	comp := protocompile.Compiler{Resolver: &protocompile.SourceResolver{Accessor: protocompile.SourceAccessorFromMap(map[string]string{
+		"shop/order.proto": interopOrderProto, "shop/money.proto": interopMoneyProto,
+	})}}
+	fds, err := comp.Compile(context.Background(), "shop/order.proto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := fds[0]
+	return []protoreflect.FileDescriptor{order.Imports().Get(0).FileDescriptor, order}
+}
+
+type interopCase struct {
+	Name   string `json:"name"`
+	Kind   string `json:"kind"`
+	Topic  string `json:"topic"`
+	Schema string `json:"schema,omitempty"`
+	Type   string `json:"type,omitempty"`
+	Value  any    `json:"value"`
+}
+
+type interopResult struct {
+	Name  string          `json:"name"`
+	Topic string          `json:"topic"`
+	Bytes []byte          `json:"bytes"`
+	Node  json.RawMessage `json:"node"`
+}
+
+// TestTypedInteropWithConfluentSerializers serializes records with
+// Confluent's own JavaScript serializers (examples/serializers, npm
+// @confluentinc/schemaregistry) into kpar broker's registry: Avro (v1,
+// then an evolved v2 with a defaulted field), Protobuf (nested and
+// repeated messages, an enum, a map, the second message of a file, an
+// imported reference) and JSON Schema. kpar forward --schema-registry must
+// send the endpoint the JSON docs/http-contract.md's table defines,
+// checked field by field against what Confluent's Node deserializer reads
+// from the same bytes (and, for Protobuf, against protojson in Go).
+func TestTypedInteropWithConfluentSerializers(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		missing(t, "no node: apt-get install nodejs npm")
+	}
+	dir := filepath.Join(root, "examples", "serializers")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@confluentinc", "schemaregistry", "package.json")); err != nil {
+		missing(t, "@confluentinc/schemaregistry is not installed: run npm ci in examples/serializers")
+	}
+	bin, ctx := e2e(t, 3*time.Minute)
+	broker, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "2", "--schema-registry", "127.0.0.1:0")
+	regURL := registryURL(ctx, t, broker)
+
+	files := interopProtoFiles(t)
+	set := &descriptorpb.FileDescriptorSet{}
+	for _, f := range files {
+		set.File = append(set.File, protodesc.ToFileDescriptorProto(f))
+	}
+	setBytes, _ := proto.Marshal(set)
+	b64 := func(b ...byte) map[string]string { return map[string]string{"$bytes": base64.StdEncoding.EncodeToString(b)} }
+	avroValue := func(id int, channel string) map[string]any {
+		v := map[string]any{
+			"id": 9007199254740000 + id, "note": nil, "status": "PAID", "blob": b64(0, 1, 0xfe), "hash": b64(9, 8, 7, byte(id)),
+			"at": 1714979289123 + id, "day": 19782, "price": b64(0xcf, 0xc7), "uid": "7d444840-9dc0-11d1-b245-5ffdce74fad2",
+			"tags": []string{"a", "naïve"}, "attrs": map[string]int{"x": id}, "ratio": 0.25,
+		}
+		if id%2 == 0 {
+			v["note"] = "gift wrap"
+		}
+		if channel != "" {
+			v["channel"] = channel
+		}
+		return v
+	}
+	order := map[string]any{
+		"id": "123456789012345678", "kind": "ONLINE", "blob": "AAH+",
+		"lines":  []any{map[string]any{"sku": "A-1", "qty": 2, "tags": []string{"red"}}, map[string]any{"sku": "B-2"}},
+		"total":  map[string]any{"currency": "EUR", "units": "1250"},
+		"counts": map[string]any{"x": 3},
+	}
+	cases := []interopCase{
+		{Name: "avro-v1-a", Kind: "avro", Topic: "typed-avro", Schema: interopAvroV1, Value: avroValue(1, "")},
+		{Name: "avro-v1-b", Kind: "avro", Topic: "typed-avro", Value: avroValue(2, "")},
+		{Name: "avro-v2-a", Kind: "avro", Topic: "typed-avro", Schema: interopAvroV2, Value: avroValue(3, "store")},
+		{Name: "avro-v2-b", Kind: "avro", Topic: "typed-avro", Value: avroValue(4, "web")},
+		{Name: "proto-order", Kind: "protobuf", Topic: "typed-proto", Type: "shop.Order", Value: order},
+		{Name: "proto-header", Kind: "protobuf", Topic: "typed-proto", Type: "shop.Header", Value: map[string]any{"source": "web"}},
+		{Name: "proto-line", Kind: "protobuf", Topic: "typed-proto", Type: "shop.Order.Line", Value: map[string]any{"sku": "N-1", "qty": 7}},
+		{Name: "json-a", Kind: "json", Topic: "typed-json", Schema: interopJSONSchema, Value: map[string]any{"id": 1, "name": "Zoë", "tags": []string{"x"}}},
+		{Name: "json-b", Kind: "json", Topic: "typed-json", Value: map[string]any{"id": 2}},
+	}
+	tmp := t.TempDir()
+	plan, _ := json.Marshal(map[string]any{"registry": regURL, "fileDescriptorSet": setBytes, "cases": cases})
+	planFile, outFile := filepath.Join(tmp, "plan.json"), filepath.Join(tmp, "out.json")
+	if err := os.WriteFile(planFile, plan, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, node, "serialize.js", planFile, outFile)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("node serialize.js: %v\n%s", err, out)
+	}
+	var results []interopResult
+	raw, err := os.ReadFile(outFile)
+	if err == nil {
+		err = json.Unmarshal(raw, &results)
+	}
+	if err != nil || len(results) != len(cases) {
+		t.Fatalf("node's results: %v (%d of %d)", err, len(results), len(cases))
+	}
+
+	cl := newClient(t, addr, kgo.AllowAutoTopicCreation())
+	defer cl.Close()
+	for _, r := range results {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: r.Topic, Key: []byte(r.Name), Value: r.Bytes}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := newTypedEndpoint(t)
+	fwd := startForward(ctx, t, bin, nil, "--brokers", addr, "--group", "interop", "--topic", "typed-avro,typed-proto,typed-json",
+		"--url", ep.srv.URL, "--schema-registry", regURL)
+	got := ep.await(ctx, t, len(cases), fwd)
+
+	msgs := map[string]protoreflect.MessageDescriptor{}
+	for _, f := range files {
+		for i := range f.Messages().Len() {
+			m := f.Messages().Get(i)
+			msgs[string(m.FullName())] = m
+			for j := range m.Messages().Len() {
+				msgs[string(m.Messages().Get(j).FullName())] = m.Messages().Get(j)
+			}
+		}
+	}
+	for i, r := range results {
+		c := cases[i]
+		req, ok := got[r.Name]
+		if !ok {
+			t.Errorf("%s: not received", r.Name)
+			continue
+		}
+		if ct := req.header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: Content-Type %q", r.Name, ct)
+		}
+		if id := req.header.Get("Kpar-Schema-Id"); id != fmt.Sprint(binary.BigEndian.Uint32(r.Bytes[1:5])) {
+			t.Errorf("%s: Kpar-Schema-Id %q, want the ID of the bytes %d", r.Name, id, binary.BigEndian.Uint32(r.Bytes[1:5]))
+		}
+		if f := req.header.Get("Kpar-Value-Form"); f != map[string]string{"avro": "avro", "protobuf": "protobuf", "json": "jsonschema"}[c.Kind] {
+			t.Errorf("%s: Kpar-Value-Form %q", r.Name, f)
+		}
+		ours := jsonOf(t, req.body)
+		t.Logf("%s: the endpoint received %s", r.Name, req.body)
+		switch c.Kind {
+		case "protobuf":
+			m := dynamicpb.NewMessage(msgs[c.Type])
+			in, _ := json.Marshal(c.Value)
+			if err := protojson.Unmarshal(in, m); err != nil {
+				t.Fatal(err)
+			}
+			want, _ := protojson.Marshal(m)
+			if !reflect.DeepEqual(ours, jsonOf(t, want)) {
+				t.Errorf("%s: endpoint got %s, protojson of the same message is %s", r.Name, req.body, want)
+			}
+			if strings.Contains(string(r.Node), "$error") {
+				t.Logf("%s: the Node deserializer failed (%s); checked against protojson only", r.Name, r.Node)
+			} else if !reflect.DeepEqual(ours, jsonOf(t, r.Node)) {
+				t.Errorf("%s: endpoint got %s, Node's deserializer (toJson) read %s", r.Name, req.body, r.Node)
+			}
+		default:
+			compareWithNode(t, r.Name, jsonOf(t, r.Node), ours)
+		}
+		if c.Kind == "avro" {
+			v2 := strings.HasPrefix(c.Name, "avro-v2")
+			if ch, has := ours.(map[string]any)["channel"]; has != v2 || v2 && ch != c.Value.(map[string]any)["channel"] {
+				t.Errorf("%s: channel %v (present %v), want it only in v2 records, as written: %s", r.Name, ch, has, req.body)
+			}
+		}
+	}
+	if n := strings.Count(fwd.stderr.String(), "handler failed"); n != 0 {
+		t.Errorf("%d failed attempts; kpar forward:\n%s", n, tail(fwd.stderr))
+	}
+}
+
+func jsonOf(t *testing.T, b []byte) any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("not JSON: %q: %v", b, err)
+	}
+	return v
+}
+
+// compareWithNode checks kpar's JSON against the Node deserializer's
+// value field by field, through the mapping of interopAvroKinds.
+func compareWithNode(t *testing.T, name string, node, ours any) {
+	t.Helper()
+	nm, ok1 := node.(map[string]any)
+	om, ok2 := ours.(map[string]any)
+	if !ok1 || !ok2 {
+		t.Errorf("%s: node %v, kpar %v: want two objects", name, node, ours)
+		return
+	}
+	if len(nm) != len(om) {
+		t.Errorf("%s: node has %d fields, kpar %d: %v vs %v", name, len(nm), len(om), nm, om)
+	}
+	for k, nv := range nm {
+		ov, ok := om[k]
+		if !ok {
+			t.Errorf("%s.%s: missing from kpar's JSON", name, k)
+			continue
+		}
+		want := nv
+		switch interopAvroKinds[k] {
+		case "bytes":
+			want = nv.(map[string]any)["$bytes"]
+		case "timestamp-millis":
+			ms, _ := nv.(json.Number).Int64()
+			want = time.UnixMilli(ms).UTC().Format(time.RFC3339Nano)
+		case "date":
+			days, _ := nv.(json.Number).Int64()
+			want = time.Unix(days*86400, 0).UTC().Format(time.DateOnly)
+		case "decimal2":
+			raw, _ := base64.StdEncoding.DecodeString(nv.(map[string]any)["$bytes"].(string))
+			n := new(big.Int).SetBytes(raw)
+			if len(raw) > 0 && raw[0]&0x80 != 0 {
+				n.Sub(n, new(big.Int).Lsh(big.NewInt(1), uint(8*len(raw))))
+			}
+			want = new(big.Rat).SetFrac(n, big.NewInt(100)).FloatString(2)
+		}
+		if !reflect.DeepEqual(want, ov) {
+			t.Errorf("%s.%s: kpar sent %#v, Node's deserializer read %#v (mapped: %#v)", name, k, ov, nv, want)
+		}
+	}
+}
+
+// TestTypedRegistryOutageDeadLettersNothing puts a proxy in front of kpar
+// broker's registry that answers 503 while it is "down": records whose
+// schema is not cached yet wait (an overload: no attempt burnt), nothing
+// is dead-lettered, the log and /readyz name the registry, and everything
+// is delivered once it is back.
+func TestTypedRegistryOutageDeadLettersNothing(t *testing.T) {
+	bin, ctx := e2e(t, 3*time.Minute)
+	broker, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "2", "--schema-registry", "127.0.0.1:0")
+	regURL := registryURL(ctx, t, broker)
+	target, _ := url.Parse(regURL)
+	var down atomic.Bool
+	var refused atomic.Int64
+	refusedCh := make(chan struct{}, 1)
+	down.Store(true)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			refused.Add(1)
+			select {
+			case refusedCh <- struct{}{}:
+			default:
+			}
+			http.Error(w, `{"error_code":50301,"message":"down for maintenance"}`, http.StatusServiceUnavailable)
+			return
+		}
+		httputil.NewSingleHostReverseProxy(target).ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+
+	reg, err := sr.NewClient(sr.URLs(regURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := reg.CreateSchema(ctx, "outage-value", sr.Schema{Schema: `{"type":"record","name":"R","fields":[{"name":"n","type":"long"}]}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	cl := newClient(t, addr, kgo.AllowAutoTopicCreation(), kgo.DefaultProduceTopic("outage"))
+	defer cl.Close()
+	for i := range n {
+		v := binary.BigEndian.AppendUint32([]byte{0}, uint32(ss.ID))
+		v = binary.AppendVarint(v, int64(i))
+		if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte(fmt.Sprint(i)), Value: v}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := newTypedEndpoint(t)
+	status := freePort(t)
+	fwd := startForward(ctx, t, bin, nil, "--brokers", addr, "--group", "outage", "--topic", "outage",
+		"--url", ep.srv.URL, "--schema-registry", proxy.URL, "--max-attempts", "2",
+		"--metrics-listen", "127.0.0.1:"+status, "--ready-stall", "1s")
+	// Down until the forwarder has asked a few times (and been refused).
+	for refused.Load() < 4 {
+		select {
+		case <-refusedCh:
+		case <-ctx.Done():
+			t.Fatalf("the registry was asked %d times: %v\n%s", refused.Load(), ctx.Err(), tail(fwd.stderr))
+		}
+	}
+	readyz := awaitReadyzMentions(ctx, t, "http://127.0.0.1:"+status+"/readyz", proxy.URL)
+	down.Store(false)
+	got := ep.await(ctx, t, n, fwd)
+	for i := range n {
+		if b := got[fmt.Sprint(i)].body; string(b) != fmt.Sprintf(`{"n":%d}`, i) {
+			t.Errorf("record %d: body %q", i, b)
+		}
+	}
+	if code := fwd.stop(ctx, t, os.Interrupt); code != 0 {
+		t.Errorf("kpar forward exited %d", code)
+	}
+	logs := fwd.stderr.String()
+	if strings.Contains(logs, "dead-lettered") {
+		t.Errorf("a record was dead-lettered during the outage:\n%s", tail(fwd.stderr))
+	}
+	if !strings.Contains(logs, proxy.URL) {
+		t.Errorf("the log does not name the registry %s:\n%s", proxy.URL, tail(fwd.stderr))
+	}
+	topics, err := kadm.NewClient(cl).ListTopics(ctx, "outage.dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topics.Has("outage.dlq") {
+		for p, end := range endOffsets(ctx, t, addr, "outage.dlq") {
+			if end != 0 {
+				t.Errorf("outage.dlq partition %d holds %d records, want 0", p, end)
+			}
+		}
+	}
+	checkCommittedAtEnd(ctx, t, addr, "outage", "outage")
+	t.Logf("registry refused %d requests; /readyz said: %s", refused.Load(), readyz)
+}
+
+// awaitReadyzMentions polls /readyz until it answers 503 naming what.
+func awaitReadyzMentions(ctx context.Context, t *testing.T, url, what string) string {
+	t.Helper()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if resp, err := http.Get(url); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(b), what) {
+				return strings.TrimSpace(string(b))
+			}
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("/readyz never named %s: %v", what, ctx.Err())
+		}
+	}
+}
