@@ -216,7 +216,9 @@ func TestTypedInteropWithConfluentSerializers(t *testing.T) {
 		set.File = append(set.File, protodesc.ToFileDescriptorProto(f))
 	}
 	setBytes, _ := proto.Marshal(set)
-	b64 := func(b ...byte) map[string]string { return map[string]string{"$bytes": base64.StdEncoding.EncodeToString(b)} }
+	b64 := func(b ...byte) map[string]string {
+		return map[string]string{"$bytes": base64.StdEncoding.EncodeToString(b)}
+	}
 	avroValue := func(id int, channel string) map[string]any {
 		v := map[string]any{
 			"id": 9007199254740000 + id, "note": nil, "status": "PAID", "blob": b64(0, 1, 0xfe), "hash": b64(9, 8, 7, byte(id)),
