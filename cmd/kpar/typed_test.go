@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/bufbuild/protocompile"
+	"github.com/kpar/kpar/deadletter"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -506,4 +507,113 @@ func awaitReadyzMentions(ctx context.Context, t *testing.T, url, what string) st
 			t.Fatalf("/readyz never named %s: %v", what, ctx.Err())
 		}
 	}
+}
+
+// TestTypedRepliesFitTheirSchemaOrDeadLetterTheirInput runs kpar forward
+// --reply-topic --reply-schema, at least once and --exactly-once: each
+// JSON reply is produced in the wire format of the subject's latest
+// schema, and a reply that does not fit dead-letters its input (its
+// original bytes) and produces nothing.
+func TestTypedRepliesFitTheirSchemaOrDeadLetterTheirInput(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {
+			bin, ctx := e2e(t, 3*time.Minute)
+			broker, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "2", "--schema-registry", "127.0.0.1:0")
+			regURL := registryURL(ctx, t, broker)
+			reg, err := sr.NewClient(sr.URLs(regURL))
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, err := reg.CreateSchema(ctx, "in-value", sr.Schema{Schema: `{"type":"record","name":"In","fields":[{"name":"n","type":"long"}]}`})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := reg.CreateSchema(ctx, "out-value", sr.Schema{Schema: `{"type":"record","name":"Out","fields":[{"name":"n","type":"long"},{"name":"ok","type":"boolean"}]}`})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n, misfit = 6, 3
+			cl := newClient(t, addr, kgo.AllowAutoTopicCreation(), kgo.DefaultProduceTopic("in"))
+			defer cl.Close()
+			inputs := map[int][]byte{}
+			for i := range n {
+				v := binary.AppendVarint(binary.BigEndian.AppendUint32([]byte{0}, uint32(in.ID)), int64(i))
+				inputs[i] = v
+				if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte(fmt.Sprint(i)), Value: v}).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var v struct{ N int }
+				body, _ := io.ReadAll(r.Body)
+				_ = json.Unmarshal(body, &v)
+				w.Header().Set("Content-Type", "application/json")
+				if v.N == misfit {
+					fmt.Fprint(w, `{"n":"three"}`)
+					return
+				}
+				fmt.Fprintf(w, `{"n":%d,"ok":true}`, v.N)
+			}))
+			defer srv.Close()
+			args := []string{"--brokers", addr, "--group", "replies", "--topic", "in", "--url", srv.URL,
+				"--schema-registry", regURL, "--reply-topic", "out", "--reply-schema", "out-value"}
+			if eos {
+				args = append(args, "--exactly-once", "--instance-id", "typed")
+			}
+			fwd := startForward(ctx, t, bin, nil, args...)
+			letters := readCommitted(ctx, t, addr, "in.dlq", 1)
+			replies := readCommitted(ctx, t, addr, "out", n-1)
+			if code := fwd.stop(ctx, t, os.Interrupt); code != 0 {
+				t.Errorf("exit %d", code)
+			}
+			if l := letters[0]; !bytes.Equal(l.Value, inputs[misfit]) || string(l.Key) != fmt.Sprint(misfit) {
+				t.Errorf("dead letter %s=%q, want the input %d's own bytes %q", l.Key, l.Value, misfit, inputs[misfit])
+			}
+			if msg := headerValue(letters[0], deadletter.HeaderMessage); !strings.Contains(msg, "does not fit") {
+				t.Errorf("dead letter's message %q does not say the reply does not fit", msg)
+			}
+			seen := map[string]bool{}
+			for _, r := range replies {
+				if len(r.Value) < 5 || r.Value[0] != 0 || int(binary.BigEndian.Uint32(r.Value[1:5])) != out.ID {
+					t.Errorf("reply %q is not in the wire format of schema %d", r.Value, out.ID)
+					continue
+				}
+				k, _ := binary.Varint(r.Value[5:])
+				if fmt.Sprint(k) != string(r.Key) || r.Value[len(r.Value)-1] != 1 {
+					t.Errorf("reply keyed %s: % x", r.Key, r.Value)
+				}
+				seen[string(r.Key)] = true
+			}
+			if seen[fmt.Sprint(misfit)] || len(seen) != n-1 {
+				t.Errorf("replies for %v, want every input but %d", seen, misfit)
+			}
+		})
+	}
+}
+
+// readCommitted reads n records of topic read_committed, then polls until
+// three polls in a row bring nothing more, and fails on more than n.
+func readCommitted(ctx context.Context, t *testing.T, addr, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl := newClient(t, addr, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	defer cl.Close()
+	var rs []*kgo.Record
+	for quiet := 0; len(rs) < n || quiet < 3; {
+		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			t.Fatalf("%s: read %d of %d records: %v", topic, len(rs), n, ctx.Err())
+		}
+		before := len(rs)
+		rs = append(rs, fs.Records()...)
+		if len(rs) == before && len(rs) >= n {
+			quiet++
+		}
+	}
+	if len(rs) != n {
+		t.Fatalf("%s holds %d committed records, want %d", topic, len(rs), n)
+	}
+	return rs
 }
