@@ -172,6 +172,12 @@ func (c *compiled) decode(payload []byte, idx []int, validate bool) ([]byte, err
 		if err != nil {
 			return nil, err
 		}
+		if fastPath(md) {
+			out, err := protoToJSON(md, payload)
+			if err != errSlowPath {
+				return out, err
+			}
+		}
 		m := dynamicpb.NewMessage(md)
 		if err := proto.Unmarshal(payload, m); err != nil {
 			return nil, err

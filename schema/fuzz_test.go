@@ -2,6 +2,8 @@ package schema
 
 import (
 	"context"
+	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/hamba/avro/v2"
@@ -125,6 +127,47 @@ func FuzzDecoder(f *testing.F) {
 		out, err := d.Decode(context.Background(), &kgo.Record{Value: b})
 		if err == nil && len(out.Value) > 256*len(b)+4096 {
 			t.Fatalf("%d bytes of JSON from %d bytes", len(out.Value), len(b))
+		}
+	})
+}
+
+// The Protobuf fast path writes what the reference (dynamicpb and
+// protojson) writes, for any bytes both read.
+func FuzzProtobufFastPathMatchesProtojson(f *testing.F) {
+	c, err := compile(1, sr.Schema{Schema: protoFile, Type: sr.TypeProtobuf}, []reference{{"shop/money.proto", sr.Schema{Schema: moneyFile, Type: sr.TypeProtobuf}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	md, _ := c.message([]int{1})
+	m := dynamicpb.NewMessage(md)
+	_ = protojson.Unmarshal([]byte(`{"id":"-42","lines":[{"sku":"a","qty":2},{"sku":"é"}],"kind":"ONLINE","total":{"currency":"EUR","units":"12"}}`), m)
+	seed, _ := proto.Marshal(m)
+	f.Add(seed)
+	f.Add([]byte{0x08, 0x01, 0x08, 0x02})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, ferr := protoToJSON(md, b)
+		if ferr == errSlowPath {
+			return
+		}
+		ref := dynamicpb.NewMessage(md)
+		rerr := proto.Unmarshal(b, ref)
+		var want []byte
+		if rerr == nil {
+			want, rerr = protojson.Marshal(ref)
+		}
+		if (ferr == nil) != (rerr == nil) {
+			t.Fatalf("fast path err %v, reference err %v (fast %s)", ferr, rerr, fast)
+		}
+		if ferr != nil {
+			return
+		}
+		var a, w any
+		if err := json.Unmarshal(fast, &a); err != nil {
+			t.Fatalf("fast path wrote %q: %v", fast, err)
+		}
+		_ = json.Unmarshal(want, &w)
+		if !reflect.DeepEqual(a, w) {
+			t.Fatalf("fast path %s, protojson %s", fast, want)
 		}
 	})
 }
