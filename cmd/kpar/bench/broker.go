@@ -76,13 +76,13 @@ func (b *broker) closeBroker() {
 type topic struct {
 	name       string
 	partitions int
-	keys       int     // distinct keys; 0 for nil keys
-	valueBytes int     // bytes per value
+	keys       int // distinct keys; 0 for nil keys
+	valueBytes int // bytes per value
 	// gen, when set, makes record i's value (appended to buf) instead
 	// of the decimal i padded to valueBytes.
-	gen func(i int64, buf []byte) []byte
-	ends       []int64 // records per partition (offsets start at 0)
-	total      int64
+	gen   func(i int64, buf []byte) []byte
+	ends  []int64 // records per partition (offsets start at 0)
+	total int64
 }
 
 func (b *broker) createTopic(ctx context.Context, name string, partitions, keys, valueBytes int) (*topic, error) {
