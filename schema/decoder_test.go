@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
+	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -52,6 +53,7 @@ func newTestRegistry(t *testing.T, opts ...Opt) (*srfake.Registry, *Registry) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(reg.Close)
 	return fake, reg
 }
 
@@ -67,6 +69,8 @@ func decodeJSON(t *testing.T, b []byte) map[string]any {
 	}
 	return m
 }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestAvroDecodesToPlainJSONPerTheMapping(t *testing.T) {
 	fake, reg := newTestRegistry(t)
@@ -294,6 +298,7 @@ func TestRegistryOutageIsAnOverloadThatNamesTheRegistry(t *testing.T) {
 	}
 
 	unreachable, _ := New("http://127.0.0.1:1")
+	defer unreachable.Close()
 	_, err = NewDecoder(unreachable, DeadLetter).Decode(context.Background(), &kgo.Record{Value: wire(id, nil)})
 	if !kpar.IsOverloaded(err) || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Errorf("unreachable: err = %v, want an overload naming it", err)

@@ -9,6 +9,7 @@ require (
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/sr v1.8.0
+	go.uber.org/goleak v1.3.0
 	google.golang.org/protobuf v1.34.2
 )
 

@@ -19,6 +19,7 @@ import (
 // cache of compiled schemas by ID. It is safe for concurrent use.
 type Registry struct {
 	cl       *sr.Client
+	hc       *http.Client
 	url      string // redacted, for messages
 	max      int
 	validate bool
@@ -108,9 +109,10 @@ func New(rawURL string, opts ...Opt) (*Registry, error) {
 	if c.tls != nil {
 		t.TLSClientConfig = c.tls.Clone()
 	}
+	hc := &http.Client{Transport: t, Timeout: c.timeout}
 	srOpts := []sr.ClientOpt{
 		sr.URLs(u.String()),
-		sr.HTTPClient(&http.Client{Transport: t, Timeout: c.timeout}),
+		sr.HTTPClient(hc),
 		sr.UserAgent("kpar"),
 	}
 	switch {
@@ -124,11 +126,14 @@ func New(rawURL string, opts ...Opt) (*Registry, error) {
 		return nil, fmt.Errorf("schema registry: %w", err)
 	}
 	return &Registry{
-		cl: cl, url: u.String(), max: c.cacheSize, validate: c.validate,
+		cl: cl, hc: hc, url: u.String(), max: c.cacheSize, validate: c.validate,
 		byID: make(map[int]*compiled), byGUID: make(map[string]int),
 		inflight: make(map[int]*fetch), latest: make(map[string]subjectSchema),
 	}, nil
 }
+
+// Close closes the client's idle connections to the registry.
+func (r *Registry) Close() { r.hc.CloseIdleConnections() }
 
 // URL is the registry's URL, without credentials.
 func (r *Registry) URL() string { return r.url }

@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/IBM/sarama v1.61.1
+	github.com/bufbuild/protocompile v0.14.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/kpar/kpar v0.1.0
 	github.com/kpar/kpar/deadletter/pgsink v0.1.0
@@ -17,10 +18,10 @@ require (
 	github.com/twmb/franz-go/pkg/sr v1.8.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/term v0.48.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
-	github.com/bufbuild/protocompile v0.14.1 // indirect
 	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
 	github.com/hamba/avro/v2 v2.31.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
@@ -56,5 +57,4 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )

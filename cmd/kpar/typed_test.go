@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
@@ -616,4 +618,80 @@ func readCommitted(ctx context.Context, t *testing.T, addr, topic string, n int)
 		t.Fatalf("%s holds %d committed records, want %d", topic, len(rs), n)
 	}
 	return rs
+}
+
+// TestTypedFlagsRejectBadUsage: each typed-records flag misused exits 2
+// with a line naming it, before anything connects.
+func TestTypedFlagsRejectBadUsage(t *testing.T) {
+	base := []string{"--brokers", "127.0.0.1:1", "--group", "g", "--topic", "t", "--url", "http://127.0.0.1:1/in"}
+	srv := httptest.NewServer(http.NotFoundHandler()) // a registry that knows no subject
+	t.Cleanup(srv.Close)
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		flag string
+	}{
+		{"undecodable", []string{"--schema-registry", srv.URL, "--undecodable", "drop"}, nil, "--undecodable"},
+		{"validate without registry", []string{"--schema-validate"}, nil, "--schema-validate"},
+		{"registry scheme", []string{"--schema-registry", "ftp://x"}, nil, "--schema-registry"},
+		{"reply schema without reply topic", []string{"--schema-registry", srv.URL, "--reply-schema", "out-value"}, nil, "--reply-schema"},
+		{"reply schema unknown", []string{"--schema-registry", srv.URL, "--reply-topic", "out", "--reply-schema", "missing-value"}, nil, "--reply-schema"},
+		{"reply schema version", []string{"--schema-registry", srv.URL, "--reply-topic", "out", "--reply-schema", "out-value:x"}, nil, "--reply-schema"},
+		{"password without user", []string{"--schema-registry", srv.URL}, map[string]string{envRegistryPassword: "secret"}, envRegistryPassword},
+		{"empty token file", []string{"--schema-registry", srv.URL, "--schema-registry-token-file", empty}, nil, "--schema-registry-token-file"},
+		{"user and token", []string{"--schema-registry", srv.URL, "--schema-registry-user", "u"}, map[string]string{envRegistryToken: "tok"}, "--schema-registry-user"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var stdout, stderr bytes.Buffer
+			if code := cmdForward(t.Context(), append(slices.Clone(base), tc.args...), &stdout, &stderr); code != 2 {
+				t.Errorf("exit %d, want 2; stderr:\n%s", code, &stderr)
+			}
+			if !strings.Contains(stderr.String(), tc.flag) || strings.Contains(stderr.String(), "secret") {
+				t.Errorf("stderr does not name %s (or shows the secret):\n%s", tc.flag, &stderr)
+			}
+		})
+	}
+}
+
+// TestDLQListShowsDecodedValues: kpar dlq list --schema-registry prints
+// each letter's value decoded under it, and a value not in the wire
+// format as it is.
+func TestDLQListShowsDecodedValues(t *testing.T) {
+	reg := srfake.New()
+	t.Cleanup(reg.Close)
+	id, _, err := reg.RegisterSchema("orders-value", sr.Schema{Schema: `{"type":"record","name":"R","fields":[{"name":"n","type":"long"}]}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "letters.jsonl")
+	var lines []byte
+	for i, v := range [][]byte{binary.AppendVarint(binary.BigEndian.AppendUint32([]byte{0}, uint32(id)), 21), []byte("plain")} {
+		b, err := deadletter.MarshalJSONLine(deadletter.Letter{
+			Record: &kgo.Record{Topic: "orders", Offset: int64(i), Value: v}, Group: "g", Class: deadletter.ClassPermanent, Message: "422", Attempts: 1,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines = append(append(lines, b...), '\n')
+	}
+	if err := os.WriteFile(file, lines, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := cmdDLQ(t.Context(), []string{"list", "--source", "file://" + file, "--schema-registry", reg.URL()}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, &stderr)
+	}
+	for _, want := range []string{`  value: {"n":21}`, `  value: (not in the wire format) "plain"`} {
+		if !strings.Contains(stdout.String(), want+"\n") {
+			t.Errorf("output lacks %q:\n%s", want, &stdout)
+		}
+	}
 }
