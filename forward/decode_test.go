@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,12 +21,12 @@ import (
 // fakeDecoder decodes every value to {"v": "<value>"}, and the key when
 // it is "k", counting its calls; fail, when set, is its error.
 type fakeDecoder struct {
-	calls int
+	calls atomic.Int32
 	fail  error
 }
 
 func (d *fakeDecoder) Decode(_ context.Context, r *kgo.Record) (Decoded, error) {
-	d.calls++
+	d.calls.Add(1)
 	if d.fail != nil {
 		return Decoded{}, d.fail
 	}
@@ -89,8 +90,8 @@ func TestForwardDecodedFormInTheContextIsNotDecodedAgain(t *testing.T) {
 	if c := <-got; string(c.body) != `{"pre":1}` || c.header.Get(HeaderSchemaID) != "9" {
 		t.Errorf("got %q schema %q, want the context's decoded form", c.body, c.header.Get(HeaderSchemaID))
 	}
-	if d.calls != 0 {
-		t.Errorf("decoder called %d times, want 0", d.calls)
+	if n := d.calls.Load(); n != 0 {
+		t.Errorf("decoder called %d times, want 0", n)
 	}
 }
 
@@ -111,12 +112,10 @@ func TestForwardDecodeErrorIsTheRecordsOutcomeWithoutARequest(t *testing.T) {
 }
 
 func TestForwardBatchItemCarriesDecodedJSONAndItsForm(t *testing.T) {
-	var items []map[string]any
+	bodies := make(chan []byte, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if err := json.Unmarshal(body, &items); err != nil {
-			t.Errorf("body %q: %v", body, err)
-		}
+		bodies <- body
 	}))
 	t.Cleanup(srv.Close)
 	h := newHandler(t, srv.URL, Decode(&fakeDecoder{}), Batch(2, time.Minute))
@@ -126,7 +125,8 @@ func TestForwardBatchItemCarriesDecodedJSONAndItsForm(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(items) != 2 {
+	var items []map[string]any
+	if body := <-bodies; json.Unmarshal(body, &items) != nil || len(items) != 2 {
 		t.Fatalf("got %d items", len(items))
 	}
 	byForm := map[any]map[string]any{items[0]["value_form"]: items[0], items[1]["value_form"]: items[1]}

@@ -138,6 +138,10 @@ message Order {
   repeated Line lines = 2;
   Kind kind = 3;
   Money total = 4;
+  map<string, int32> counts = 5;
+  map<int64, Line> byId = 6;
+  optional string coupon = 7;
+  double ratio = 8;
 }
 `
 
@@ -181,7 +185,7 @@ func TestProtobufDecodesTheMessageItsIndexesNameAsProtojson(t *testing.T) {
 	id := registerProto(t, fake)
 	md := protoMessage(t, 1)
 	m := dynamicpb.NewMessage(md)
-	if err := protojson.Unmarshal([]byte(`{"id":"42","lines":[{"sku":"a","qty":2},{"sku":"b"}],"kind":"ONLINE","total":{"currency":"EUR","units":"12"}}`), m); err != nil {
+	if err := protojson.Unmarshal([]byte(`{"id":"42","lines":[{"sku":"a","qty":2},{"sku":"b"}],"kind":"ONLINE","total":{"currency":"EUR","units":"12"},"counts":{"x":3,"y":0},"byId":{"7":{"sku":"z"}},"coupon":"","ratio":1e-7}`), m); err != nil {
 		t.Fatal(err)
 	}
 	payload, _ := proto.Marshal(m)

@@ -55,7 +55,7 @@ func fastPathCheck(md protoreflect.MessageDescriptor, seen map[protoreflect.Full
 			return false
 		}
 		if fd.IsMap() {
-			if !fastPathCheck(fd.MapValue().Message(), seen) && fd.MapValue().Kind() == protoreflect.MessageKind {
+			if fd.MapValue().Kind() == protoreflect.MessageKind && !fastPathCheck(fd.MapValue().Message(), seen) {
 				return false
 			}
 			continue
@@ -281,10 +281,13 @@ func (w *protoWalker) mapEntry(fd protoreflect.FieldDescriptor, b []byte) error 
 		if m < 0 {
 			return protowire.ParseError(m)
 		}
-		switch num {
-		case 1:
+		switch {
+		case num == 1 && fitsWire(kd, typ):
 			ks, key = span{typ: typ, v: b[:m]}, &ks
-		case 2:
+		case num == 2 && fitsWire(vd, typ):
+			if val != nil && vd.Kind() == protoreflect.MessageKind {
+				return errSlowPath // protobuf merges the occurrences
+			}
 			vs, val = span{typ: typ, v: b[:m]}, &vs
 		}
 		b = b[m:]
