@@ -56,9 +56,25 @@ func newTypedEndpoint(t *testing.T) *typedEndpoint {
 	e := &typedEndpoint{got: map[string]typedRequest{}, seen: make(chan struct{}, 1024)}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		key, _ := base64.StdEncoding.DecodeString(r.Header.Get("Kpar-Key"))
 		e.mu.Lock()
-		e.got[string(key)] = typedRequest{body, r.Header.Clone()}
+		if len(body) > 0 && body[0] == '[' { // a batch: each item as if alone
+			var items []struct {
+				Key         []byte          `json:"key"`
+				Value       json.RawMessage `json:"value"`
+				ValueForm   string          `json:"value_form"`
+				SchemaID    int             `json:"value_schema_id"`
+				ContentType string          `json:"content_type"`
+			}
+			_ = json.Unmarshal(body, &items)
+			for _, it := range items {
+				e.got[string(it.Key)] = typedRequest{it.Value, http.Header{
+					"Content-Type": {it.ContentType}, "Kpar-Value-Form": {it.ValueForm}, "Kpar-Schema-Id": {fmt.Sprint(it.SchemaID)},
+				}}
+			}
+		} else {
+			key, _ := base64.StdEncoding.DecodeString(r.Header.Get("Kpar-Key"))
+			e.got[string(key)] = typedRequest{body, r.Header.Clone()}
+		}
 		e.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 		select {
@@ -693,5 +709,62 @@ func TestDLQListShowsDecodedValues(t *testing.T) {
 		if !strings.Contains(stdout.String(), want+"\n") {
 			t.Errorf("output lacks %q:\n%s", want, &stdout)
 		}
+	}
+}
+
+// TestTypedRecordsOnEveryWayOfConsuming decodes the same Avro topic with
+// a consumer group in --batch mode, a share group and kpar backfill: each
+// way delivers every record as its JSON, with its form and schema ID.
+func TestTypedRecordsOnEveryWayOfConsuming(t *testing.T) {
+	bin, ctx := e2e(t, 3*time.Minute)
+	broker, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "1", "--schema-registry", "127.0.0.1:0")
+	regURL := registryURL(ctx, t, broker)
+	reg, err := sr.NewClient(sr.URLs(regURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := reg.CreateSchema(ctx, "ways-value", sr.Schema{Schema: `{"type":"record","name":"R","fields":[{"name":"n","type":"long"},{"name":"s","type":["null","string"]}]}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	cl := newClient(t, addr, kgo.AllowAutoTopicCreation(), kgo.DefaultProduceTopic("ways"))
+	defer cl.Close()
+	for i := range n {
+		v := binary.AppendVarint(binary.BigEndian.AppendUint32([]byte{0}, uint32(ss.ID)), int64(i))
+		v = append(binary.AppendVarint(binary.AppendVarint(v, 1), 1), 'x')
+		if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte(fmt.Sprint(i)), Value: v}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, way := range []struct {
+		name    string
+		command string
+		args    []string
+	}{
+		{"group --batch", "forward", []string{"--group", "ways", "--topic", "ways", "--batch", "4"}},
+		{"share group", "forward", []string{"--share-group", "ways-share", "--topic", "ways"}}, // not the consumer group's name
+		{"backfill", "backfill", []string{"--topic", "ways", "--from", "0", "--to", fmt.Sprint(n)}},
+	} {
+		t.Run(way.name, func(t *testing.T) {
+			ep := newTypedEndpoint(t)
+			args := append([]string{"--brokers", addr, "--url", ep.srv.URL, "--schema-registry", regURL}, way.args...)
+			p := startCommand(ctx, t, bin, way.command, nil, io.Discard, args...)
+			got := ep.await(ctx, t, n, p)
+			for i := range n {
+				r := got[fmt.Sprint(i)]
+				if string(r.body) != fmt.Sprintf(`{"n":%d,"s":"x"}`, i) || r.header.Get("Kpar-Value-Form") != "avro" ||
+					r.header.Get("Kpar-Schema-Id") != fmt.Sprint(ss.ID) || r.header.Get("Content-Type") != "application/json" {
+					t.Errorf("record %d: %s %v", i, r.body, r.header)
+				}
+			}
+			if way.command == "forward" {
+				if code := p.stop(ctx, t, os.Interrupt); code != 0 {
+					t.Errorf("exit %d:\n%s", code, tail(p.stderr))
+				}
+			} else if code := p.wait(ctx, t); code != 0 {
+				t.Errorf("exit %d:\n%s", code, tail(p.stderr))
+			}
+		})
 	}
 }
