@@ -2,11 +2,14 @@ package schema
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"math/big"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -385,5 +388,48 @@ func TestReplyEncoderWritesTheWireFormatOrRefusesAMisfit(t *testing.T) {
 	}
 	if _, err := e.EncodeReply(ctx, &kgo.Record{}, []byte(`{"id":"not a long"}`)); !kpar.IsPermanent(err) || !strings.Contains(err.Error(), "does not fit") {
 		t.Errorf("misfit: %v", err)
+	}
+}
+
+func TestRegistryAuthAndTLS(t *testing.T) {
+	schema := sr.Schema{Schema: `"string"`}
+	for name, tc := range map[string]struct {
+		auth string // srfake.WithAuth's value
+		opts []Opt
+		ok   bool
+	}{
+		"bearer token":       {"Bearer s3cret", []Opt{BearerToken("s3cret")}, true},
+		"basic auth":         {"Basic " + base64.StdEncoding.EncodeToString([]byte("key:secret")), []Opt{BasicAuth("key", "secret")}, true},
+		"wrong token":        {"Bearer s3cret", []Opt{BearerToken("nope")}, false},
+		"no credentials":     {"Bearer s3cret", nil, false},
+		"credentials in URL": {"Basic " + base64.StdEncoding.EncodeToString([]byte("key:secret")), nil, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			fake := srfake.NewRegistry(srfake.WithAuth(tc.auth))
+			id, _, _ := fake.RegisterSchema("s-value", schema)
+			srv := httptest.NewTLSServer(fake.Handler())
+			t.Cleanup(srv.Close)
+			pool := x509.NewCertPool()
+			pool.AddCert(srv.Certificate())
+			url := srv.URL
+			if name == "credentials in URL" {
+				url = strings.Replace(url, "https://", "https://key:secret@", 1)
+			}
+			reg, err := New(url, append(tc.opts, TLSConfig(&tls.Config{RootCAs: pool}))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(reg.Close)
+			if strings.Contains(reg.URL(), "secret") {
+				t.Errorf("URL() shows the password: %s", reg.URL())
+			}
+			out, err := NewDecoder(reg, DeadLetter).Decode(context.Background(), &kgo.Record{Value: wire(id, []byte{2, 'a'})})
+			if tc.ok && (err != nil || string(out.Value) != `"a"`) {
+				t.Errorf("got %s, %v", out.Value, err)
+			}
+			if !tc.ok && (!kpar.IsOverloaded(err) || !strings.Contains(err.Error(), "credentials")) {
+				t.Errorf("refused credentials: err = %v, want an overload that says to check the credentials", err)
+			}
+		})
 	}
 }
