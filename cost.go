@@ -62,7 +62,9 @@ type handlerCost struct {
 	// wideOK: the configuration allows wide lanes (key or unordered mode,
 	// a per-record handler, no rate limit: a batch handler batches by lane
 	// or from the ready queue, and a rate limit paces the records a worker
-	// takes).
+	// takes; no outputs produced at least once: each record holds its lane
+	// until its outputs are acknowledged, so a partition-wide lane would
+	// wait for every produce in turn).
 	wideOK bool
 	// runOK: the configuration allows record runs: neither a batch
 	// handler, nor a rate limit, nor the adaptive limit counting records
@@ -71,7 +73,7 @@ type handlerCost struct {
 }
 
 func newHandlerCost(c *cfg, batch bool, rate *rates) handlerCost {
-	wide := (c.ordering == ByKey || c.ordering == Unordered) && !batch && rate == nil
+	wide := (c.ordering == ByKey || c.ordering == Unordered) && !batch && rate == nil && (!c.outputs || c.exactlyOnce)
 	return handlerCost{
 		perRecord: c.pinnedCost,
 		pinned:    c.pinnedCost,

@@ -211,7 +211,7 @@ func (e *engine) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		defer out.cl.Close()
+		defer out.close()
 		e.out = out
 	}
 	if err := e.src.open(ctx); err != nil {
@@ -262,6 +262,7 @@ func (e *engine) run(ctx context.Context) error {
 	e.mu.Lock()
 	e.stop = true
 	e.stopGuard()
+	e.over.stopQuiet()
 	if e.limitWake != nil {
 		e.limitWake.Stop()
 		e.limitWake = nil

@@ -274,7 +274,8 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 			return err
 		}
 		for i, t := range ts {
-			t.Value.x.outputs = append(t.Value.x.outputs, recs[i])
+			x := t.Value.x
+			x.outputs, x.outKind, x.outLetter = append(x.outputs, recs[i]), outDeadLetter, &letters[i]
 		}
 	} else if err := e.cfg.deadLetters.Write(ctx, letters); err != nil {
 		return err

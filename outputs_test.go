@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,5 +329,74 @@ func TestExactlyOnceThroughFaults(t *testing.T) {
 			}
 			checkOutputs(t, l, readOutputs(t, c, "out", n, 30*time.Second), true)
 		})
+	}
+}
+
+// TestOutputsInFlightFreeTheWorker: at least once, a worker hands a
+// record's outputs to the producer and runs the next record without
+// waiting for their acknowledgement, but a key's next record waits for it,
+// and the offset is committed only once they are acknowledged. With one
+// worker and the outputs' produce held by the broker, the first record of
+// every key runs; none of their second records does until the produce is
+// let through; then every output is there, in key order, and committed.
+func TestOutputsInFlightFreeTheWorker(t *testing.T) {
+	const keys = 5
+	c := newFakeCluster(t, "holds the outputs' Produce with a kfake control", "in", 1)
+	produce(t, c, "in", 2*keys, keys) // offsets 0-4 keys 0-4, then 5-9 the same keys
+	var released atomic.Bool
+	release := make(chan struct{})
+	c.ControlKey(kmsg.Produce.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() { <-release }) // only the outputs' client produces now
+		return nil, nil, false
+	})
+	var (
+		mu         sync.Mutex
+		handled    = map[int64]bool{}
+		firstRound = make(chan struct{})
+	)
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if r.Offset >= keys && !released.Load() {
+			t.Errorf("offset %d ran before the output of its key's record before it was acknowledged", r.Offset)
+		}
+		if err := Emit(ctx, outputOf("out", r)); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		handled[r.Offset] = true
+		if len(handled) == keys && r.Offset < keys {
+			close(firstRound)
+		}
+		return nil
+	})
+	done := &commitReaches{want: 2 * keys, reached: make(chan struct{})}
+	cons, err := New(h, append(testOpts(c, "g", "in"), Ordering(ByKey), Concurrency(1), Outputs(), WithHooks(done),
+		ClientOptions(kgo.AllowAutoTopicCreation()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	waitFor(t, firstRound, 30*time.Second, "the first record of every key, run by the one worker while the outputs wait for the broker")
+	if committed, _ := offsets(t, c, "g", "in"); committed[0] > 0 {
+		t.Errorf("committed %d while no output was acknowledged", committed[0])
+	}
+	released.Store(true)
+	close(release)
+	waitFor(t, done.reached, 30*time.Second, "the commit of every record once the outputs are acknowledged")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]int64{}
+	outs := readOutputs(t, c, "out", 2*keys, 20*time.Second)
+	for _, o := range outs {
+		_, off, _ := inputOf(o)
+		if prev, ok := last[string(o.Key)]; ok && off < prev {
+			t.Errorf("key %s: output of offset %d after that of %d", o.Key, off, prev)
+		}
+		last[string(o.Key)] = off
+	}
+	if len(outs) != 2*keys {
+		t.Errorf("%d outputs, want %d", len(outs), 2*keys)
 	}
 }

@@ -34,14 +34,24 @@ type overloadLog struct {
 	probing atomic.Bool  // the breaker is open: a success is a probe's, the end of an outage
 	// succeeded: an attempt succeeded during the spell. A spell whose
 	// successes stopped (the topic drained) before overloadEnds passed
-	// does not end in the log; its next failure then begins a new one.
+	// ends when quiet fires; if Run stopped first, its next failure
+	// begins a new one.
 	succeeded atomic.Bool
+	lastOK    atomic.Int64 // UnixNano of the spell's latest success
 
 	mu       sync.Mutex // guards the rest
 	since    time.Time  // the spell's first overloaded failure
 	reported time.Time  // its latest summary (or beginning)
 	recent   int        // overloaded failures since then
 	total    int        // overloaded failures of the spell
+
+	// quiet is armed by a success that came less than overloadEnds after
+	// the latest failure: it ends the spell once the quiet has lasted,
+	// for a topic that drained meanwhile (kpar forward --batch: one 503
+	// item among 2xx ones, retried at once) sends no later success to.
+	// Guarded by mu, like stopped (Run is returning: not armed again).
+	quiet   *time.Timer
+	stopped bool
 }
 
 // breakerDone gives an attempt's outcome to the overload breaker. now is
@@ -119,9 +129,44 @@ func (e *engine) recovered() {
 		o.succeeded.Store(true)
 	}
 	now := time.Now()
-	if !o.probing.Load() && now.UnixNano()-o.last.Load() < int64(overloadEnds) {
+	o.lastOK.Store(now.UnixNano())
+	if quiet := now.UnixNano() - o.last.Load(); !o.probing.Load() && quiet < int64(overloadEnds) {
+		o.mu.Lock()
+		if o.quiet == nil && o.active.Load() && !o.stopped {
+			o.quiet = time.AfterFunc(overloadEnds-time.Duration(quiet), e.quietEnds)
+		}
+		o.mu.Unlock()
 		return
 	}
+	e.endSpell(now)
+}
+
+// quietEnds ends the spell when its latest failure was followed by a
+// success and then by overloadEnds without an overload signal; after a
+// later failure it waits for that one's quiet, and with no success since
+// (the record is waiting out its backoff) the next success re-arms it.
+func (e *engine) quietEnds() {
+	o := &e.over
+	o.mu.Lock()
+	o.quiet = nil
+	now := time.Now()
+	last := o.last.Load()
+	if !o.active.Load() || o.stopped || o.lastOK.Load() < last {
+		o.mu.Unlock()
+		return
+	}
+	if wait := overloadEnds - time.Duration(now.UnixNano()-last); wait > 0 {
+		o.quiet = time.AfterFunc(wait, e.quietEnds)
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
+	e.endSpell(now)
+}
+
+// endSpell logs the end of the spell, if one is on.
+func (e *engine) endSpell(now time.Time) {
+	o := &e.over
 	o.mu.Lock()
 	if !o.active.Load() {
 		o.mu.Unlock()
@@ -132,4 +177,15 @@ func (e *engine) recovered() {
 	o.mu.Unlock()
 	e.log.Info("kpar: downstream recovered: attempts succeed again",
 		"overloaded_for", now.Sub(since).Round(time.Millisecond), "failed_attempts", total)
+}
+
+// stopQuiet disarms quiet for good: Run is returning.
+func (o *overloadLog) stopQuiet() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.stopped = true
+	if o.quiet != nil {
+		o.quiet.Stop()
+		o.quiet = nil
+	}
 }

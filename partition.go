@@ -51,6 +51,10 @@ type extra struct {
 	// outputs are what the record's successful attempt emitted, kept for
 	// the transaction that commits the record (ExactlyOnce).
 	outputs []*kgo.Record
+	// outKind is what outputs are, and outLetter the record's letter when
+	// they are its retry record or dead letter (txn.go's refit needs them).
+	outKind   outputKind
+	outLetter *deadletter.Letter
 	// retryRefused: its next retry topic refused it as too large, so it
 	// goes to the dead letters instead (writeExiled). Set under mu.
 	retryRefused bool

@@ -278,7 +278,9 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) (refused []*task,
 	if e.out != nil && e.out.eos {
 		// They join the transaction that commits their records.
 		for i, t := range ts {
-			t.Value.x.outputs = append(t.Value.x.outputs, recs[i])
+			x := t.Value.x
+			l := e.letter(t)
+			x.outputs, x.outKind, x.outLetter = append(x.outputs, recs[i]), outRetry, &l
 		}
 	} else {
 		results := e.producer.ProduceSync(ctx, recs...)

@@ -16,10 +16,39 @@ import (
 )
 
 // pendingOutput is the outputs of one finished record (or batch), waiting
-// for the transaction that commits it.
+// for the transaction that commits it, with what refit needs to put the
+// record's dead letter in their place.
 type pendingOutput struct {
-	ps   *partState
-	recs []*kgo.Record
+	ps       *partState
+	recs     []*kgo.Record
+	in       *kgo.Record // the input, as its handler saw it
+	attempts int
+	kind     outputKind
+	letter   *deadletter.Letter // the input's letter: outRetry, outDeadLetter
+	cut      int                // the cut stage of a dead letter (deadletter.KafkaSink.Cut)
+}
+
+// outputKind is what a record's outputs are.
+type outputKind uint8
+
+const (
+	outHandler    outputKind = iota // what its handler emitted
+	outRetry                        // its record in its next retry topic
+	outDeadLetter                   // its dead letter
+)
+
+// pendOutputs queues the outputs of t, which just finished, for the
+// transaction that commits it. Called with mu held.
+func (e *engine) pendOutputs(ps *partState, t *task) {
+	x := t.Value.x
+	if x == nil || len(x.outputs) == 0 {
+		return
+	}
+	e.pendingOutputs = append(e.pendingOutputs, pendingOutput{
+		ps: ps, recs: x.outputs, in: t.Value.original(), attempts: t.Value.totalAttempts(),
+		kind: x.outKind, letter: x.outLetter,
+	})
+	x.outputs, x.outLetter = nil, nil
 }
 
 // ExactlyOnce makes a consumer group member's outputs (Emit) exactly once:
@@ -154,18 +183,27 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 		}
 	}
 	var (
-		mu         sync.Mutex
-		produceErr error
+		mu          sync.Mutex
+		produceErr  error
+		refusedOuts map[int]outputRefusal // outs' index -> its output refused as too large
 	)
-	for _, o := range outs {
+	for i, o := range outs {
 		for _, r := range o.recs {
 			// A copy: a record produced in an aborted transaction carries
 			// that produce's state (its context, offset, producer ID).
 			r := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
-			txn.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			txn.Produce(ctx, r, func(r *kgo.Record, err error) {
 				if err != nil {
 					mu.Lock()
 					produceErr = cmpOr(produceErr, err)
+					if isTooLarge(err) {
+						if refusedOuts == nil {
+							refusedOuts = make(map[int]outputRefusal)
+						}
+						if _, ok := refusedOuts[i]; !ok {
+							refusedOuts[i] = outputRefusal{r, err}
+						}
+					}
 					mu.Unlock()
 				}
 			})
@@ -174,7 +212,23 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	err := txn.Flush(ctx)
 	mu.Lock()
 	err = cmpOr(err, produceErr)
+	refused := refusedOuts
 	mu.Unlock()
+	// The transaction aborts below; what made it fail gives way before the
+	// next one, which takes the rest as they are.
+	guilty := false
+	for i, r := range refused {
+		if e.out.guilty(endCtx, r.rec) {
+			guilty = true
+			e.refit(endCtx, &outs[i], r.rec, r.err)
+		}
+	}
+	for _, r := range refused {
+		if !guilty { // refused for their batch alone: produced again as they are
+			e.warnBatchTooLarge(r.rec.Topic, r.err)
+		}
+		break
+	}
 	var asked map[string]map[int32]int64
 	var tooLarge []*commitPart
 	if err == nil && len(todo) > 0 {
@@ -213,6 +267,12 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 		h.OnCommit(asked, nil)
 	}
 	return nil
+}
+
+// outputRefusal is an output a topic refused, and the error it gave.
+type outputRefusal struct {
+	rec *kgo.Record
+	err error
 }
 
 // txnLanded reports whether the group's committed offsets are those todo

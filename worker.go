@@ -94,10 +94,16 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			ran++
 			e.stamp(t, at)
 			err, timedOut := e.attempt(ctx, slot, t, t.Value.original(), at, &shared, fast)
-			backoff := e.observe(t, err)
-			e.mu.Lock()
-			e.running[slot] = slotRecord{}
-			next = e.finish(t, err, timedOut, backoff, at)
+			if err == errOutputsInFlight {
+				// Its outputs' acknowledgement finishes it (outputs.go).
+				e.mu.Lock()
+				e.running[slot] = slotRecord{}
+			} else {
+				backoff := e.observe(t, err)
+				e.mu.Lock()
+				e.running[slot] = slotRecord{}
+				next = e.finish(t, err, timedOut, backoff, at)
+			}
 		}
 		if next != nil {
 			if fast && steps < maxTake && !e.stop && next.Value.part.status == live && e.rate == nil {
@@ -149,9 +155,9 @@ func (e *engine) attempt(ctx context.Context, slot int, t *task, r *kgo.Record, 
 	}
 	err = callHandler(actx, e.handler, r)
 	if e.out != nil {
-		err = e.emitted(ctx, t, actx, err)
+		err = e.handOver(ctx, t, actx, at, err)
 	}
-	timedOut = err != nil && actx.timedOut()
+	timedOut = err != nil && err != errOutputsInFlight && actx.timedOut()
 	if actx != *shared || actx.Err() != nil {
 		e.slots[slot].Store(nil)
 		*shared = nil
@@ -458,10 +464,7 @@ func (e *engine) complete(t *task) (next *task) {
 		if e.acks {
 			e.accepted = append(e.accepted, t.Value.rec)
 		}
-		if x := t.Value.x; x != nil && len(x.outputs) > 0 {
-			e.pendingOutputs = append(e.pendingOutputs, pendingOutput{ps, x.outputs})
-			x.outputs = nil
-		}
+		e.pendOutputs(ps, t)
 	} // a run's records were marked finished by markRun
 	e.askCommit()
 	next = ps.lanes.Release(t)

@@ -59,3 +59,10 @@ func decodedFrom(ctx context.Context, r *kgo.Record) (Decoded, bool) {
 	d, ok := ctx.Value(decodedKey{r}).(Decoded)
 	return d, ok
 }
+
+// DecodedFrom returns r's decoded form carried by ctx (WithDecoded), if
+// any: for a Handler other than this package's that a router hands
+// decoded records to, and for tests of such routers.
+func DecodedFrom(ctx context.Context, r *kgo.Record) (Decoded, bool) {
+	return decodedFrom(ctx, r)
+}

@@ -18,6 +18,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 python3 -c 'import flask' >/dev/null 2>&1 || /usr/bin/python3 -c 'import flask' >/dev/null 2>&1 || need+=(python3-flask)
+command -v buildah >/dev/null 2>&1 || need+=(buildah) # scripts/image-test.sh
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "test.sh: installing ${need[*]}" >&2
@@ -73,3 +74,4 @@ if [ -z "${KPAR_TEST_BROKERS:-}" ]; then
   ./scripts/realcluster.sh "$@"
 fi
 ./scripts/check-readme.sh # every complete Go program in README.md and docs/ compiles
+./scripts/image-test.sh # builds the image with buildah and runs kpar demo and kpar forward in it

@@ -44,8 +44,9 @@ exits 1.`, stderr)
 	partitions := fs.String("partitions", "", "comma-separated `LIST` of partitions to read (default every partition)")
 	from := fs.String("from", "", "first offset or RFC 3339 time `X` of the range, inclusive (required)")
 	to := fs.String("to", "", "end offset or RFC 3339 time `Y` of the range, exclusive (required)")
-	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
+	target := fs.String("url", "", "http or https `URL` to POST every record to (required unless --route is given; with --route, the records no route matches)")
 	req := addRequestFlags(fs)
+	routes := addRouteFlags(fs) // --filter, --route: route.go
 	readers := fs.Int("readers", 1, "readers per partition, each with its own client and slice of the range")
 	concurrency := fs.Int("concurrency", 64, "requests in flight at once over all readers, and the size of the keep-alive connection pool")
 	progressFile := fs.String("progress", "", "keep the progress in `FILE` and resume from it (default none: a new run starts over)")
@@ -56,7 +57,10 @@ exits 1.`, stderr)
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
 	typed := addTypedFlags(fs, false) // typed.go
-	if code, ok := fs.parseArgs(args, "brokers", "topic", "from", "to", "url"); !ok {
+	if code, ok := fs.parseArgs(args, "brokers", "topic", "from", "to"); !ok {
+		return code
+	}
+	if code, ok := routes.checkTarget(fs, *target); !ok {
 		return code
 	}
 	seeds, err := splitBrokers(*brokers)
@@ -115,7 +119,8 @@ exits 1.`, stderr)
 		return code
 	}
 	fwdOpts = append(fwdOpts, typedOpts...)
-	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
+	routes.decoder = typed.decoder // the expressions read the decoded record
+	h, secOpts, code, ok := routes.endpoints(fs, *target, *req.contentType, sec, fwdOpts...)
 	if !ok {
 		return code
 	}
@@ -155,7 +160,7 @@ exits 1.`, stderr)
 	}
 	log.Info("kpar backfill starting", append([]any{"brokers", strings.Join(seeds, ","), "topic", *topic,
 		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
-		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe()}, typedAttrs...)...)
+		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe()}, append(typedAttrs, h.attrs()...)...)...)
 
 	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
 		return code
@@ -166,7 +171,9 @@ exits 1.`, stderr)
 		}
 		return fail("kpar backfill: cannot use the brokers", err)
 	}
+	stopSummary := h.summarize(log, routeSummaryInterval, "kpar backfill")
 	res, err := kpar.Backfill(ctx, h, r, opts...)
+	stopSummary()
 	switch {
 	case errors.Is(err, kpar.ErrBadRange), errors.Is(err, kpar.ErrProgressMismatch):
 		fmt.Fprintf(stderr, "kpar backfill: %v\n", strings.TrimPrefix(err.Error(), "kpar: "))

@@ -387,7 +387,9 @@ Prints the dead letters of the source in its order (append order for files
 and tables, offset order within each partition for Kafka), one per line:
 last failure, class, original topic/partition/offset, attempts, group,
 what the sink left out of a letter too large for its topic (cut=value,...),
-and the first line of the error. --json prints one JSON object per line
+and the first line of the error, then, indented, the record's value:
+pretty JSON when it is JSON, the text when it is UTF-8, else base64 (cut
+at 4 KiB). --json prints one JSON object per line
 instead, in the format of kpar's file sink, so the output can itself be
 read back with --source file://PATH.`, stderr)
 	limit := c.fs.Int("limit", 0, "print at most `N` dead letters (default all)")
@@ -437,7 +439,9 @@ read back with --source file://PATH.`, stderr)
 			msg, _, _ := strings.Cut(l.Message, "\n")
 			fmt.Fprintf(stdout, "%-24s  %-9s  %s  attempts=%d  group=%s  %s%s\n",
 				dlqTime(l.LastFailure), l.Class, l.ID(), l.Attempts, dlqOrDash(l.Group), dlqCut(l), strings.TrimSpace(msg))
-			decodeLetter(ctx, stdout, l)
+			if !decodeLetter(ctx, stdout, l) { // dlq_typed.go
+				writeDLQValue(stdout, l.Record)
+			}
 		}
 		n++
 		if *limit > 0 && n >= *limit {

@@ -192,6 +192,18 @@ func nonEmptyLines(s string) []string {
 	return out
 }
 
+// letterLines are the lines of `kpar dlq list` that start a letter: not
+// the indented lines of its value under it.
+func letterLines(s string) []string {
+	var out []string
+	for _, l := range nonEmptyLines(s) {
+		if !strings.HasPrefix(l, " ") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 func TestDLQStats(t *testing.T) {
 	for _, sc := range dlqSourceCases() {
 		t.Run(sc.name, func(t *testing.T) {
@@ -244,7 +256,7 @@ func TestDLQList(t *testing.T) {
 			ctx := dlqCtx(t)
 			env := newDLQEnv(t, ctx, sc)
 
-			lines := nonEmptyLines(mustDLQ(t, ctx, "list", "--source", env.source))
+			lines := letterLines(mustDLQ(t, ctx, "list", "--source", env.source))
 			if len(lines) != 5 {
 				t.Fatalf("list printed %d lines:\n%s", len(lines), strings.Join(lines, "\n"))
 			}
@@ -270,7 +282,7 @@ func TestDLQList(t *testing.T) {
 				{[]string{"--since", "87600h"}, 5},
 			} {
 				args := append([]string{"list", "--source", env.source}, tc.args...)
-				if got := len(nonEmptyLines(mustDLQ(t, ctx, args...))); got != tc.want {
+				if got := len(letterLines(mustDLQ(t, ctx, args...))); got != tc.want {
 					t.Errorf("list %s: %d lines, want %d", strings.Join(tc.args, " "), got, tc.want)
 				}
 			}
@@ -346,7 +358,7 @@ func TestDLQGroups(t *testing.T) {
 			}
 
 			code, out, errs = runDLQ(t, ctx, "list", "--source", env.source)
-			lines := nonEmptyLines(out)
+			lines := letterLines(out)
 			if code != 0 || len(lines) != 10 || strings.Count(out, "group=audit") != 5 || strings.Count(out, "group=billing") != 5 {
 				t.Errorf("list: exit %d, %d lines\n%s", code, len(lines), out)
 			}
@@ -354,7 +366,7 @@ func TestDLQGroups(t *testing.T) {
 				t.Errorf("list stderr = %q, want the merge named", errs)
 			}
 			code, out, errs = runDLQ(t, ctx, "list", "--source", env.source, "--group", "billing")
-			if code != 0 || len(nonEmptyLines(out)) != 5 || strings.Contains(out, "group=audit") || errs != "" {
+			if code != 0 || len(letterLines(out)) != 5 || strings.Contains(out, "group=audit") || errs != "" {
 				t.Errorf("list --group billing: exit %d, stderr %q\n%s", code, errs, out)
 			}
 
@@ -388,6 +400,59 @@ func TestDLQListShowsCutLetters(t *testing.T) {
 	code, out, errs := runDLQ(t, ctx, replayArgs(env, t.TempDir(), "--to", "replayed")...)
 	if code != 0 || !strings.Contains(out, "replayed 4,") || !strings.Contains(out, "cut by the sink 1,") || !strings.Contains(errs, "1 dead letters were too large") {
 		t.Errorf("replay: exit %d, stderr %q\n%s", code, errs, out)
+	}
+}
+
+// TestDLQListShowsValues: list shows each letter's value under its line
+// without --json (issue 37: values only as base64 and only with --json):
+// JSON pretty-printed, UTF-8 text as it is, anything else as base64 with
+// its size, a value too long cut with a note; --json still prints the
+// file sink's lines, the value base64 there.
+func TestDLQListShowsValues(t *testing.T) {
+	ctx := dlqCtx(t)
+	letters := dlqLetters()
+	letters[0].Record.Value = []byte(`{"order":17,"items":[{"sku":"A-1","qty":2}],"note":"ünïcode"}`)
+	letters[1].Record.Value = []byte("charge card 1234\nsecond line")
+	letters[2].Record.Value = []byte{0, 1, 2, 0xff}                 // binary
+	letters[3].Record.Value = []byte("esc \x1b[2J clears a screen") // a control: not shown raw
+	letters[4].Record.Value = bytes.Repeat([]byte("x"), 5000)
+	env := newDLQEnv(t, ctx, dlqSourceCases()[1], letters...) // file
+	out := mustDLQ(t, ctx, "list", "--source", env.source)
+	for _, want := range []string{
+		"orders/0/1  attempts=3  group=billing  charge failed: card 1234 declined\n" +
+			"    value (json):\n" +
+			"      {\n" +
+			"        \"order\": 17,\n" +
+			"        \"items\": [\n" +
+			"          {\n" +
+			"            \"sku\": \"A-1\",\n",
+		"        \"note\": \"ünïcode\"\n      }\n",
+		"orders/0/2  attempts=3  group=billing  charge failed: card 9876 declined\n" +
+			"    value (text):\n      charge card 1234\n      second line\n",
+		"invalid json at byte 17\n    value (4 bytes, not UTF-8 text; base64): AAEC/w==\n",
+		"value (24 bytes, not UTF-8 text; base64): ZXNjIBtbMkogY2xlYXJzIGEgc2NyZWVu\n",
+		"value (text):\n      xxxx",
+		"xxx ... (904 more bytes; --json prints the whole value)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list lacks %q:\n%s", want, out)
+		}
+	}
+	if n := len(letterLines(out)); n != 5 {
+		t.Errorf("%d unindented lines, want one per letter (5):\n%s", n, out)
+	}
+	js := mustDLQ(t, ctx, "list", "--source", env.source, "--json")
+	lines := nonEmptyLines(js)
+	if len(lines) != 5 {
+		t.Fatalf("list --json printed %d lines, want 5:\n%s", len(lines), js)
+	}
+	for _, l := range lines {
+		if !json.Valid([]byte(l)) || strings.Contains(l, "value (") {
+			t.Errorf("list --json line is not one JSON object: %s", l)
+		}
+	}
+	if !strings.Contains(js, "AAEC/w==") {
+		t.Errorf("list --json lacks the binary value in base64:\n%s", js)
 	}
 }
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -13,14 +15,15 @@ import (
 
 // addDLQRegistryFlag defines kpar dlq list's --schema-registry.
 func addDLQRegistryFlag(fs *flagSet) *string {
-	return fs.String("schema-registry", "", "show each dead letter's value decoded to JSON by the Schema Registry at `URL` (credentials as for kpar forward: --schema-registry-user is not needed when "+envRegistryToken+" is set), on an indented line after it (text output only)")
+	return fs.String("schema-registry", "", "show each dead letter's value decoded to JSON by the Schema Registry at `URL`, as kpar forward would send it (a bearer token from "+envRegistryToken+"; text output only)")
 }
 
 // dlqDecoder returns the function that prints a letter's decoded value
-// ("  value: {...}") after its line; a no-op without a registry URL.
-func dlqDecoder(url string) (func(ctx context.Context, w io.Writer, l deadletter.Letter), error) {
+// under it and reports whether it did; a value not in the wire format is
+// left to writeDLQValue. Without a registry URL it prints nothing.
+func dlqDecoder(url string) (func(ctx context.Context, w io.Writer, l deadletter.Letter) bool, error) {
 	if url == "" {
-		return func(context.Context, io.Writer, deadletter.Letter) {}, nil
+		return func(context.Context, io.Writer, deadletter.Letter) bool { return false }, nil
 	}
 	var opts []schema.Opt
 	if tok := os.Getenv(envRegistryToken); tok != "" {
@@ -31,22 +34,28 @@ func dlqDecoder(url string) (func(ctx context.Context, w io.Writer, l deadletter
 		return nil, err
 	}
 	dec := schema.NewDecoder(reg, schema.Raw)
-	return func(ctx context.Context, w io.Writer, l deadletter.Letter) {
+	return func(ctx context.Context, w io.Writer, l deadletter.Letter) bool {
+		const indent = "    "
 		if l.Record == nil || l.Record.Value == nil {
-			return
+			return false
 		}
 		d, err := dec.Decode(ctx, l.Record)
 		if err != nil {
-			fmt.Fprintf(w, "  value: (not decoded: %v)\n", err)
-			return
+			fmt.Fprintf(w, "%svalue: not decoded: %s\n", indent, excerpt(err.Error()))
+			return false
 		}
 		if d.ValueForm == forward.FormRaw {
-			fmt.Fprintf(w, "  value: (not in the wire format) %q\n", excerpt(string(d.Value)))
-			return
+			return false
 		}
-		fmt.Fprintf(w, "  value: %s\n", d.Value)
+		var b bytes.Buffer
+		if json.Indent(&b, d.Value, indent+"  ", "  ") != nil {
+			b.Reset()
+			b.Write(d.Value)
+		}
+		fmt.Fprintf(w, "%svalue (%s, schema ID %d):\n%s  %s\n", indent, d.ValueForm, d.ValueSchemaID, indent, dlqCutString(b.String(), dlqValueMax))
 		if d.Key != nil {
-			fmt.Fprintf(w, "  key: %s\n", d.Key)
+			fmt.Fprintf(w, "%skey (%s, schema ID %d): %s\n", indent, d.KeyForm, d.KeySchemaID, dlqCutString(string(d.Key), dlqValueMax))
 		}
+		return true
 	}, nil
 }

@@ -114,8 +114,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	var topics, topicRegex listFlag
 	fs.Var(&topics, "topic", "`TOPIC` to consume; repeat the flag or separate with commas for several (this or --topic-regex required)")
 	fs.Var(&topicRegex, "topic-regex", "consume every topic matching the regular expression `RE`, including later ones; repeatable (excludes --topic, --retry-topics)")
-	target := fs.String("url", "", "http or https `URL` to POST every record to (required)")
+	target := fs.String("url", "", "http or https `URL` to POST every record to (required unless --route is given; with --route, the records no route matches)")
 	req := addRequestFlags(fs)
+	routes := addRouteFlags(fs) // --filter, --route: route.go
 	var ord kpar.Order
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
@@ -142,7 +143,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
 	typed := addTypedFlags(fs, true) // typed.go
-	if code, ok := fs.parseArgs(args, "brokers", "url"); !ok {
+	dry := addCheckConfig(fs)        // --check-config: checkconfig.go
+	if code, ok := fs.parseArgs(args, "brokers"); !ok {
+		return code
+	}
+	if code, ok := routes.checkTarget(fs, *target); !ok {
 		return code
 	}
 	share := strings.TrimSpace(*shareGroup) != ""
@@ -246,7 +251,8 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return code
 	}
 	fwdOpts = append(fwdOpts, typedOpts...)
-	h, secOpts, code, ok := fs.forwarder(*target, sec, fwdOpts...)
+	routes.decoder = typed.decoder // the expressions read the decoded record
+	h, secOpts, code, ok := routes.endpoints(fs, *target, *req.contentType, sec, fwdOpts...)
 	if !ok {
 		return code
 	}
@@ -272,7 +278,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 			"concurrency", *concurrency, "batch", *req.batch)
 	}
 
-	dl, closeSink, err := sink.open(ctx, seeds, secOpts, log)
+	dl, closeSink, err := dry.openSink(ctx, sink, seeds, secOpts, log)
 	if err != nil {
 		return fail("kpar forward: opening the dead-letter sink", err)
 	}
@@ -345,17 +351,22 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		stall = newStallWatch(readyStall.grace(*att.timeout))
 		opts = append(opts, stall.opts()...)
 	}
+	reach := newBrokerWatch(log, "kpar forward") // unreachable brokers, a held join: brokerwatch.go
+	opts = append(opts, reach.opts()...)
+	if stall != nil {
+		stall.brokers = reach
+	}
 	c, err := kpar.New(handler, opts...)
 	if err != nil {
-		return fail("kpar forward: invalid configuration", err)
+		return dry.invalid(fail("kpar forward: invalid configuration", err))
 	}
 
 	// The status server outlives the drain that follows a signal, so that
 	// /healthz and the page keep answering until the consumer is done.
 	statusCtx, stopStatus := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStatus()
-	if metrics != nil {
-		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics, stall)
+	if metrics != nil && !dry.enabled() {
+		bound, err := serveStatus(statusCtx, *metricsListen, c, metrics, stall, h.collectors()...)
 		if err != nil {
 			return fail("kpar forward: cannot serve --metrics-listen", err)
 		}
@@ -368,10 +379,11 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	}
 	attrs := []any{
 		"brokers", strings.Join(seeds, ","), groupKey, groupName,
-		"url", redactURL(*target), "content_type", *req.contentType, "ordering", ord.String(), "concurrency", *concurrency,
+		"url", redactURL(*target), "ordering", ord.String(), "concurrency", *concurrency,
 		"max_attempts", *att.maxAttempts, "attempt_timeout", *att.timeout,
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
+	attrs = append(attrs, contentTypeAttrs(*req.batch, *req.contentType)...)
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
 	}
@@ -412,6 +424,10 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		attrs = append(attrs, "metrics_listen", *metricsListen)
 	}
 	attrs = append(attrs, typedAttrs...)
+	attrs = append(attrs, h.attrs()...)
+	if dry.enabled() {
+		return dry.report(stdout, attrs)
+	}
 	log.Info("kpar forward starting", attrs...)
 
 	// A certificate that does not verify fails every request alike: a
@@ -424,11 +440,15 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	// franz-go retries a failing connection forever, which would hide a
 	// wrong password or certificate behind a quiet loop: check first, and
 	// stop with the reason.
-	if err := sec.checkBrokers(ctx, seeds, connectTimeout); err != nil {
+	if err := sec.checkBrokers(ctx, seeds, connectTimeout, reach.clientOpt()); err != nil {
 		if ctx.Err() != nil {
-			return 0 // stopped before we began: nothing to drain
+			code, _ := reach.stoppedEarly(seeds, groupKey, groupName) // nothing to drain
+			return code
 		}
 		return fail("kpar forward: cannot use the brokers", err)
+	}
+	if !share {
+		defer reach.watchJoin(ctx, *group, protocol, *sessionTimeout, *rebalanceTimeout, *instanceID)()
 	}
 
 	stopLog := context.AfterFunc(ctx, func() {
@@ -440,7 +460,13 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	})
 	defer stopLog()
 
+	defer h.summarize(log, routeSummaryInterval, "kpar forward")()
 	err = c.Run(ctx)
+	if ctx.Err() != nil && !share {
+		if code, early := reach.stoppedEarly(seeds, groupKey, groupName); early {
+			return code
+		}
+	}
 	if errors.Is(err, kpar.ErrFinalCommit) && ctx.Err() != nil {
 		// A requested stop whose last commit failed (a rebalance
 		// still waiting for a crashed member, a coordinator gone):
@@ -529,7 +555,7 @@ func contentTypeFlag(fs *flagSet, contentType *string, extra http.Header) (code 
 // checkEndpoint checks the certificate of an https --url before the first
 // record (forward.Handler.CheckTLS): one that does not verify is a usage
 // error (exit 2), an endpoint that cannot be reached yet only a warning.
-func checkEndpoint(ctx context.Context, fs *flagSet, h *forward.Handler, timeout time.Duration, log *slog.Logger) (code int, ok bool) {
+func checkEndpoint(ctx context.Context, fs *flagSet, h interface{ CheckTLS(context.Context) error }, timeout time.Duration, log *slog.Logger) (code int, ok bool) {
 	cctx, cancel := context.WithTimeout(ctx, min(timeout, 10*time.Second))
 	defer cancel()
 	err := h.CheckTLS(cctx)

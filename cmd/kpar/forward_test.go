@@ -988,7 +988,9 @@ func TestForwardHelpListsEveryFlag(t *testing.T) {
 	}
 }
 
-// A forwarder asked to stop before it reached the brokers exits 0 at once.
+// A forwarder asked to stop before it reached the brokers exits at once,
+// with 1 and the reason (issue 37: it exited 0 without a word): no broker
+// was ever reached, so the configuration is wrong.
 func TestForwardStopsBeforeConnecting(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -1008,8 +1010,8 @@ func TestForwardStopsBeforeConnecting(t *testing.T) {
 	cancel()
 	select {
 	case code := <-done:
-		if code != 0 {
-			t.Errorf("exit code %d, want 0; stderr:\n%s", code, w)
+		if code != 1 || !strings.Contains(w.String(), "stopped before it ever reached a broker") {
+			t.Errorf("exit code %d, want 1 and the reason; stderr:\n%s", code, w)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("cmdForward did not return after cancel; stderr:\n%s", w)

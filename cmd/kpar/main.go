@@ -16,9 +16,6 @@ import (
 	"syscall"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // command is one subcommand. run returns the process exit code: 0 for
 // success, 1 for a failure while running, 2 for bad usage.
 type command struct {
@@ -35,7 +32,7 @@ func commands() []command {
 		{"backfill", "POST every record of a fixed offset or time range to an HTTP endpoint, several readers per partition", cmdBackfill},
 		{"dlq", "list, analyse and replay dead letters (stats, list, replay)", cmdDLQ},
 		{"bench", "run side-by-side benchmarks: kpar vs the raw franz-go loop and others", cmdBench},
-		{"version", "print the kpar version", cmdVersion},
+		{"version", "print the kpar version and the VCS revision it was built from", cmdVersion},
 	}
 }
 
@@ -78,13 +75,4 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Run 'kpar COMMAND --help' for a command's flags. Every flag also reads KPAR_<FLAG>.")
-}
-
-func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("version", "", stderr)
-	if code, ok := fs.parse(args); !ok {
-		return code
-	}
-	fmt.Fprintf(stdout, "kpar %s\n", version)
-	return 0
 }

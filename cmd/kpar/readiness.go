@@ -95,6 +95,7 @@ type stallWatch struct {
 	attempt  atomic.Pointer[failure]
 	sink     atomic.Pointer[failure]
 	cl       atomic.Pointer[groupClient] // the Consumer's client, for lag
+	brokers  *brokerWatch                // unreachable brokers: brokerwatch.go; nil for none
 
 	commitMu  sync.Mutex // guards committed
 	committed map[string]map[int32]int64
@@ -275,6 +276,9 @@ func (p *stallWatch) run(ctx context.Context, w work) {
 // ready is membership (base: kparprom's Ready) and progress: not ready
 // while records wait and none finished for the grace.
 func (p *stallWatch) ready(base func() (bool, string)) (bool, string) {
+	if why, bad := p.brokers.unreachable(); bad {
+		return false, why
+	}
 	ok, why := base()
 	if !ok {
 		return false, why

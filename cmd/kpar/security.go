@@ -150,8 +150,8 @@ func (s *securityOpts) plainTextPassword() bool {
 //
 // Unreachable brokers are retried until timeout; a rejected password or an
 // untrusted certificate fails at once.
-func (s *securityOpts) checkBrokers(ctx context.Context, seeds []string, timeout time.Duration) error {
-	opts := []kgo.Opt{kgo.SeedBrokers(seeds...), kgo.DialTimeout(5 * time.Second)}
+func (s *securityOpts) checkBrokers(ctx context.Context, seeds []string, timeout time.Duration, extra ...kgo.Opt) error {
+	opts := append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.DialTimeout(5 * time.Second)}, extra...)
 	if s.usesTLS() {
 		cfg, err := s.tlsConfig()
 		if err != nil {

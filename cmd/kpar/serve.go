@@ -79,13 +79,19 @@ func serveStatus(ctx context.Context, addr string, c *kpar.Consumer, m *kparprom
 	if err != nil {
 		return "", fmt.Errorf("status server: %w", err)
 	}
+	var sections []statusSection
+	for _, col := range extra {
+		if s, ok := col.(statusSection); ok {
+			sections = append(sections, s)
+		}
+	}
 	readiness := m.Ready
 	if ready != nil {
 		go ready.run(ctx, ready.consumerWork(c))
 		readiness = func() (bool, string) { return ready.ready(m.Ready) }
 	}
 	srv := &http.Server{
-		Handler:           statusHandler(c, m, readiness, prometheus.Gatherers{m.Registry(), reg}),
+		Handler:           statusHandler(c, m, readiness, prometheus.Gatherers{m.Registry(), reg}, sections...),
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       time.Minute,
 	}
@@ -121,9 +127,13 @@ func statusListenAddr(addr string) (string, error) {
 	return addr, nil
 }
 
+// statusSection is an extra collector of serveStatus that also adds a
+// part of its own to /api/status (route.go's filter and routes).
+type statusSection interface{ addStatus(*statusResponse) }
+
 // statusHandler serves the endpoints of serveStatus; readiness answers
 // /readyz.
-func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, readiness func() (bool, string), g prometheus.Gatherer) http.Handler {
+func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, readiness func() (bool, string), g prometheus.Gatherer, sections ...statusSection) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		Timeout:       10 * time.Second,
@@ -133,7 +143,11 @@ func statusHandler(c *kpar.Consumer, m *kparprom.Metrics, readiness func() (bool
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		json.NewEncoder(w).Encode(status(r.Context(), c, m, readiness))
+		resp := status(r.Context(), c, m, readiness)
+		for _, s := range sections {
+			s.addStatus(&resp)
+		}
+		json.NewEncoder(w).Encode(resp)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -169,6 +183,8 @@ type statusResponse struct {
 	// Share is set for a share-group member (no partitions then).
 	Share       *shareStatus               `json:"share,omitempty"`
 	DeadLetters []kparprom.DeadLetterEntry `json:"dead_letters"` // newest first
+	// Routes is set with --filter or --route (route.go).
+	Routes *routeStatus `json:"routes,omitempty"`
 }
 
 // rateStatus is the rate limits of statusResponse.

@@ -26,6 +26,9 @@ type typedFlags struct {
 	validate     *bool
 	undecodable  *string
 	replySchema  *string // nil where there are no replies
+	// decoder is set by opts with --schema-registry: the filter and the
+	// routes (route.Decoder) read the record it decodes.
+	decoder forward.Decoder
 }
 
 // The registry's secrets come from these variables or from files, never
@@ -111,7 +114,8 @@ func (tf *typedFlags) opts(ctx context.Context, fs *flagSet, log *slog.Logger, r
 	if err := reg.Check(ctx); err != nil && ctx.Err() == nil {
 		log.Warn("the schema registry does not answer yet; records wait for it", "schema_registry", reg.URL(), "err", err)
 	}
-	opts = []forward.Opt{forward.Decode(schema.NewDecoder(reg, u))}
+	tf.decoder = schema.NewDecoder(reg, u)
+	opts = []forward.Opt{forward.Decode(tf.decoder)}
 	if tf.replySchema != nil && *tf.replySchema != "" {
 		if replyTopic == "" {
 			return nil, nil, fs.usageError("invalid --reply-schema: it needs --reply-topic"), false

@@ -7,7 +7,12 @@
 const express = require("express");
 
 const app = express();
-app.use(express.json({ limit: "10mb" })); // reads bodies sent with --content-type application/json
+// express.json() reads bodies sent with --content-type application/json
+// (without it req.body stays undefined). Its default limit is 100kb: a
+// larger record would get 413, which kpar dead-letters at once (a 4xx).
+// Set it above your largest record; with --batch N, above N records in
+// base64 (4/3 of their size) and their fields.
+app.use(express.json({ limit: "10mb" }));
 const done = new Set(); // "topic/partition/offset" handled: kpar delivers at least once
 
 function handle(id, order) { // your work; keep `done` with its results
