@@ -725,13 +725,21 @@ func TestTypedRecordsOnEveryWayOfConsuming(t *testing.T) {
 		{"group --batch", "forward", []string{"--group", "ways", "--topic", "ways", "--batch", "4"}},
 		{"share group", "forward", []string{"--share-group", "ways-share", "--topic", "ways"}}, // not the consumer group's name
 		{"backfill", "backfill", []string{"--topic", "ways", "--from", "0", "--to", fmt.Sprint(n)}},
+		{"filter on a decoded field", "forward", []string{"--group", "ways-filter", "--topic", "ways", "--filter", "value.n % 2 == 0"}},
 	} {
 		t.Run(way.name, func(t *testing.T) {
 			ep := newTypedEndpoint(t)
 			args := append([]string{"--brokers", addr, "--url", ep.srv.URL, "--schema-registry", regURL}, way.args...)
 			p := startCommand(ctx, t, bin, way.command, nil, io.Discard, args...)
-			got := ep.await(ctx, t, n, p)
-			for i := range n {
+			step, want := 1, n
+			if strings.Contains(way.name, "filter") {
+				step, want = 2, n/2 // the odd ones are filtered
+			}
+			got := ep.await(ctx, t, want, p)
+			if len(got) != want {
+				t.Errorf("%d records reached the endpoint, want %d", len(got), want)
+			}
+			for i := 0; i < n; i += step {
 				r := got[fmt.Sprint(i)]
 				if string(r.body) != fmt.Sprintf(`{"n":%d,"s":"x"}`, i) || r.header.Get("Kpar-Value-Form") != "avro" ||
 					r.header.Get("Kpar-Schema-Id") != fmt.Sprint(ss.ID) || r.header.Get("Content-Type") != "application/json" {
@@ -741,6 +749,9 @@ func TestTypedRecordsOnEveryWayOfConsuming(t *testing.T) {
 			if way.command == "forward" {
 				if code := p.stop(ctx, t, os.Interrupt); code != 0 {
 					t.Errorf("exit %d:\n%s", code, tail(p.stderr))
+				}
+				if step == 2 { // filtered records are committed too
+					checkCommittedAtEnd(ctx, t, addr, "ways-filter", "ways")
 				}
 			} else if code := p.wait(ctx, t); code != 0 {
 				t.Errorf("exit %d:\n%s", code, tail(p.stderr))
