@@ -89,6 +89,8 @@ func (d *Decoder) decode(ctx context.Context, b, hdr []byte) ([]byte, forward.Fo
 	pre := b
 	if hdr != nil {
 		pre = hdr
+	} else if !(len(b) >= 5 && b[0] == magicID || len(b) >= 17 && b[0] == magicGUID) {
+		return nil, "", 0, errRaw // common for keys: no error text built per record
 	}
 	rf, rest, err := parsePrefix(pre)
 	if err != nil {
