@@ -15,7 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
@@ -78,7 +80,12 @@ func compile(id int, s sr.Schema, refs []reference) (*compiled, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.file = fds[0]
+		// protobuf-go's own descriptors answer IsList, HasPresence and
+		// the like from fields, where protocompile's read them from the
+		// descriptor proto on each call: a copy is faster to decode with.
+		if c.file, err = nativeFile(fds[0], &protoregistry.Files{}); err != nil {
+			return nil, err
+		}
 	case sr.TypeJSON:
 		c.form = forward.FormJSONSchema
 		c.json, c.jsonErr = compileJSONSchema(s, refs)
@@ -86,6 +93,48 @@ func compile(id int, s sr.Schema, refs []reference) (*compiled, error) {
 		return nil, fmt.Errorf("unknown schema type %q", s.Type)
 	}
 	return c, nil
+}
+
+// nativeFile rebuilds f, and the files it imports, as protobuf-go
+// descriptors, registering them in reg.
+func nativeFile(f protoreflect.FileDescriptor, reg *protoregistry.Files) (protoreflect.FileDescriptor, error) {
+	if got, err := reg.FindFileByPath(f.Path()); err == nil {
+		return got, nil
+	}
+	if got, err := protoregistry.GlobalFiles.FindFileByPath(f.Path()); err == nil && f.Package() == "google.protobuf" {
+		return got, nil // a well-known type linked into this binary
+	}
+	imps := f.Imports()
+	for i := range imps.Len() {
+		if _, err := nativeFile(imps.Get(i).FileDescriptor, reg); err != nil {
+			return nil, err
+		}
+	}
+	nf, err := protodesc.NewFile(protodesc.ToFileDescriptorProto(f), resolverWithGlobal{reg})
+	if err != nil {
+		return nil, err
+	}
+	if err := reg.RegisterFile(nf); err != nil {
+		return nil, err
+	}
+	return nf, nil
+}
+
+// resolverWithGlobal finds files in reg, then among those linked in.
+type resolverWithGlobal struct{ reg *protoregistry.Files }
+
+func (r resolverWithGlobal) FindFileByPath(p string) (protoreflect.FileDescriptor, error) {
+	if f, err := r.reg.FindFileByPath(p); err == nil {
+		return f, nil
+	}
+	return protoregistry.GlobalFiles.FindFileByPath(p)
+}
+
+func (r resolverWithGlobal) FindDescriptorByName(n protoreflect.FullName) (protoreflect.Descriptor, error) {
+	if d, err := r.reg.FindDescriptorByName(n); err == nil {
+		return d, nil
+	}
+	return protoregistry.GlobalFiles.FindDescriptorByName(n)
 }
 
 // serializedFile reads a Protobuf schema registered as a serialized

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
@@ -431,5 +432,33 @@ func TestRegistryAuthAndTLS(t *testing.T) {
 				t.Errorf("refused credentials: err = %v, want an overload that says to check the credentials", err)
 			}
 		})
+	}
+}
+
+func TestProtobufWellKnownTypesTakeProtojsonsForms(t *testing.T) {
+	fake, reg := newTestRegistry(t)
+	id, _, err := fake.RegisterSchema("e-value", sr.Schema{Type: sr.TypeProtobuf, Schema: `syntax = "proto3";
+package ev;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/wrappers.proto";
+message Event { google.protobuf.Timestamp at = 1; google.protobuf.StringValue note = 2; }
+`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// at = {seconds: 1714979289, nanos: 123000000}, note = "hi"
+	at := protowire.AppendTag(nil, 1, protowire.VarintType)
+	at = protowire.AppendVarint(at, 1714979289)
+	at = protowire.AppendVarint(protowire.AppendTag(at, 2, protowire.VarintType), 123000000)
+	b := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), at)
+	note := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "hi")
+	b = protowire.AppendBytes(protowire.AppendTag(b, 2, protowire.BytesType), note)
+	out, err := NewDecoder(reg, DeadLetter).Decode(context.Background(), &kgo.Record{Value: append(appendIndexes(appendPrefix(nil, id), []int{0}), b...)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := decodeJSON(t, out.Value)
+	if got["at"] != "2024-05-06T07:08:09.123Z" || got["note"] != "hi" {
+		t.Errorf("got %s, want the Timestamp as RFC 3339 and the wrapper as its value", out.Value)
 	}
 }
