@@ -276,6 +276,9 @@ func (w *protoWalker) mapEntry(fd protoreflect.FieldDescriptor, b []byte) error 
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
+		if num < protowire.MinValidNumber || num > protowire.MaxValidNumber {
+			return fmt.Errorf("map entry: field number %d out of range", num)
+		}
 		b = b[n:]
 		m := protowire.ConsumeFieldValue(num, typ, b)
 		if m < 0 {
