@@ -246,6 +246,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if !ok {
 		return code
 	}
+	typed.offline = dry.enabled()
 	typedOpts, typedAttrs, code, ok := typed.opts(ctx, fs, log, *replyTopic)
 	if !ok {
 		return code

@@ -29,6 +29,8 @@ type typedFlags struct {
 	// decoder is set by opts with --schema-registry: the filter and the
 	// routes (route.Decoder) read the record it decodes.
 	decoder forward.Decoder
+	// offline (--check-config) keeps opts from asking the registry.
+	offline bool
 }
 
 // The registry's secrets come from these variables or from files, never
@@ -111,7 +113,9 @@ func (tf *typedFlags) opts(ctx context.Context, fs *flagSet, log *slog.Logger, r
 	attrs = []any{"schema_registry", reg.URL(), "undecodable", *tf.undecodable}
 	// An unreachable registry at start is not fatal: records wait for it
 	// as for an endpoint that is down.
-	if err := reg.Check(ctx); err != nil && ctx.Err() == nil {
+	if tf.offline {
+		// --check-config: the registry is not asked.
+	} else if err := reg.Check(ctx); err != nil && ctx.Err() == nil {
 		log.Warn("the schema registry does not answer yet; records wait for it", "schema_registry", reg.URL(), "err", err)
 	}
 	tf.decoder = schema.NewDecoder(reg, u)
@@ -124,7 +128,12 @@ func (tf *typedFlags) opts(ctx context.Context, fs *flagSet, log *slog.Logger, r
 		if err != nil {
 			return nil, nil, fs.usageError("invalid --reply-schema: %v", err), false
 		}
-		enc, err := schema.NewReplyEncoder(ctx, reg, subject, version)
+		var enc *schema.ReplyEncoder
+		if tf.offline {
+			enc = schema.LazyReplyEncoder(reg, subject, version)
+		} else {
+			enc, err = schema.NewReplyEncoder(ctx, reg, subject, version)
+		}
 		switch {
 		case kpar.IsPermanent(err):
 			return nil, nil, fs.usageError("invalid --reply-schema %q: %v", *tf.replySchema, err), false

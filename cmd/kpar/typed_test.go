@@ -759,3 +759,15 @@ func TestTypedRecordsOnEveryWayOfConsuming(t *testing.T) {
 		})
 	}
 }
+
+// TestTypedCheckConfigAsksNoRegistry: --check-config with
+// --schema-registry and --reply-schema prints them and asks nothing of a
+// registry that is not there.
+func TestTypedCheckConfigAsksNoRegistry(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := cmdForward(t.Context(), []string{"--brokers", "127.0.0.1:1", "--group", "g", "--topic", "t", "--url", "http://127.0.0.1:1/",
+		"--schema-registry", "http://127.0.0.1:1", "--reply-topic", "out", "--reply-schema", "out-value:2", "--check-config"}, &stdout, &stderr)
+	if code != 0 || !strings.Contains(stdout.String(), "schema_registry: http://127.0.0.1:1") || !strings.Contains(stdout.String(), "the schema registry") {
+		t.Errorf("exit %d; stdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
+	}
+}
