@@ -11,7 +11,7 @@ import (
 // source. A record is prepared outside the lock (prepare), accepted into
 // its partition's window (accept, enter), or held outside a full window
 // (held.go) until room frees; what buffered records weigh is bounded by
-// MaxBufferedBytes (waitForBytes, pauseOverBudget), and pausing a
+// MaxBufferedBytes (waitForBytes, pauseOverShare), and pausing a
 // partition's fetching is decided here and applied by the fetch controller
 // through the source.
 
@@ -23,8 +23,8 @@ import (
 func (e *engine) waitForBytes(ctx context.Context) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.bytes >= e.cfg.maxBytes {
-		if e.pauseOverBudget() {
+	for e.buf.Full() {
+		if e.pauseOverShare() {
 			return true
 		}
 		if e.space == nil {
@@ -64,10 +64,7 @@ func recordSize(r *kgo.Record) int64 {
 // fetch they came in, the unit of heldCap. Called with mu held.
 func (e *engine) accept(ps *partState, recs []*kgo.Record, meta []recMeta, fetched int) {
 	for i := range meta {
-		size := meta[i].size
-		ps.bytes += size
-		e.bytes += size
-		e.pending++
+		e.buf.Admit(&ps.buf, meta[i].size)
 	}
 	readyBefore := e.ready.Len()
 	if ps.held.Len() == 0 {
@@ -79,8 +76,7 @@ func (e *engine) accept(ps *partState, recs []*kgo.Record, meta []recMeta, fetch
 	ps.fetched = fetched
 	// Keep records fetched ahead, so a draining window refills without
 	// waiting for a fetch; pause beyond heldCap.
-	if ps.held.Len() >= ps.heldCap(e.cfg.windowRecords) && !ps.heldFull {
-		ps.heldFull = true
+	if ps.held.Len() >= ps.heldCap(e.cfg.windowRecords) && ps.buf.SetHeldFull(true) {
 		e.syncPause(ps)
 	}
 	e.wake(e.ready.Len() - readyBefore)
@@ -104,7 +100,7 @@ func (e *engine) prepare(recs []*kgo.Record) []recMeta {
 	// needs a key lane (laneOf): a cheap handler's records rarely do, and
 	// reading every key costs a cache miss per record.
 	keyed := e.cfg.ordering == ByKey || (e.rate != nil && e.rate.keys != nil)
-	lazy := e.cost.wideOK && e.cfg.ordering == ByKey
+	lazy := e.cost.WideOK() && e.cfg.ordering == ByKey
 	for i, r := range recs {
 		m := &meta[i]
 		m.offset, m.size = r.Offset, recordSize(r)
@@ -128,7 +124,7 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 		ps.win.Done(ps.win.Push(m.offset))
 		ps.progress++
 		ps.skipped++
-		e.releaseBytes(ps, m.size)
+		e.releaseRecords(ps, m.size, 1)
 		ps.tasks.retire(ps.win, &e.taskPool)
 		return
 	}
@@ -143,28 +139,21 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 	e.schedule(t)
 }
 
-// budgetShare is a partition's fair share of MaxBufferedBytes. Called with
-// mu held.
-func (e *engine) budgetShare() int64 {
-	return e.cfg.maxBytes / int64(max(1, len(e.parts)))
-}
-
-// pauseOverBudget pauses the partitions that hold more than their share of
+// pauseOverShare pauses the partitions that hold more than their share of
 // a used-up MaxBufferedBytes, and reports whether some live partition can
 // still be fetched. Without it, records stuck in one partition (behind a
-// retrying key, say) would hold the whole budget and stop the poller, and
+// retrying key, say) would hold all of MaxBufferedBytes and stop the poller, and
 // with it every other partition. Called with mu held.
-func (e *engine) pauseOverBudget() bool {
-	share, fetchable := e.budgetShare(), false
+func (e *engine) pauseOverShare() bool {
+	share, fetchable := e.buf.FairShare(len(e.parts)), false
 	for _, ps := range e.parts {
 		if ps.status != live {
 			continue
 		}
-		if !ps.overBudget && ps.bytes-ps.waiting > share {
-			ps.overBudget = true
+		if e.buf.OverShare(&ps.buf, share) {
 			e.syncPause(ps)
 		}
-		fetchable = fetchable || !ps.paused
+		fetchable = fetchable || !ps.buf.Paused()
 	}
 	return fetchable
 }
@@ -172,10 +161,9 @@ func (e *engine) pauseOverBudget() bool {
 // syncPause pauses or resumes fetching ps when its reasons to pause
 // changed. Called with mu held.
 func (e *engine) syncPause(ps *partState) {
-	if want := ps.heldFull || ps.overBudget; want != ps.paused {
-		ps.paused = want
-		e.toggleFetch(fetchToggle{ps, want, ps.win.Len(), true})
-		if !want {
+	if changed, paused := ps.buf.Sync(); changed {
+		e.toggleFetch(fetchToggle{ps, paused, ps.win.Len(), true})
+		if !paused {
 			e.wakePoller() // it may wait for bytes with every partition paused
 		}
 	}

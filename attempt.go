@@ -208,6 +208,7 @@ func (e *engine) watchdog(ctx context.Context, hard <-chan struct{}) {
 		case now := <-t.C:
 			e.expireAttempts(now)
 			e.detectStuck(now)
+			e.sampleAnswers(now)
 		}
 	}
 }
@@ -232,6 +233,11 @@ func (e *engine) expireAttempts(now time.Time) {
 	}
 	e.overdue.Store(int64(overdue))
 }
+
+// stuckShareMessage is detectStuck's warning in a share group, where no
+// offset is committed: the record holds its acquisition lock (renewed) and
+// this member's next poll, while the other members go on.
+const stuckShareMessage = "kpar: record stuck: unfinished for stuck_for; this member acquires no new records until it is acknowledged (a share group commits no offsets; the other members go on)"
 
 // detectStuck samples each partition's window start and reports one that
 // stayed on the same unfinished record for StuckAfter, once per record.
@@ -265,8 +271,14 @@ func (e *engine) detectStuck(now time.Time) {
 		attempts[i] = e.attemptsOf(s.tp, s.offset)
 	}
 	e.mu.Unlock()
+	msg := "kpar: window start stuck: one record has held back commits"
+	if e.cfg.shareGroup != "" {
+		// A share group commits nothing: what an unfinished record holds
+		// up is this member's next poll (sharesource.go's deliver).
+		msg = stuckShareMessage
+	}
 	for i, s := range report {
-		e.log.Warn("kpar: window start stuck: one record has held back commits",
+		e.log.Warn(msg,
 			"topic", s.topic, "partition", s.partition, "offset", s.offset,
 			"attempts", attempts[i], "stuck_for", now.Sub(s.since).Round(time.Millisecond))
 		for _, h := range e.hooks.stuck {

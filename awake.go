@@ -1,43 +1,16 @@
 package kpar
 
 import (
-	"math"
-	"runtime"
 	"time"
+
+	"github.com/kpar/kpar/internal/awake"
 )
 
-// While the handler is cheap (cost.go), at most
-// GOMAXPROCS workers are awake: more cannot run at once, and every extra
-// one only queues at the engine's lock. In kpar bench noop all 64 default
-// workers stayed awake, since each that takes a record while others are
-// ready wakes the next (see wake), and in key mode goroutines spent
-// 40-340 ms blocked on the lock in a run of about 350 ms; with the cap,
-// 1-50 ms, and the process's CPU per record fell by 25-40 ns
-// (BENCHMARKS.md, eighth pass).
-//
-// A worker in a handler still counts as awake, so a cheap handler that
-// blocks now and then (a slow call, a lock) must not leave records waiting
-// while the awake workers are all stuck in it. The stuck guard sees to
-// that: while the cap holds back a wake-up it ticks every awakeTick, and
-// each tick counts the workers that have been running one record since
-// the tick before last, a millisecond or more. The cap does not count
-// those, so a record waits behind stuck handlers two ticks at most before
-// an idle worker takes it. And a worker whose records turn slow ends the
-// cap for every worker until one measures them cheap again.
-
-// awakeTick is the stuck guard's period.
-const awakeTick = time.Millisecond
-
-// awakeState is the cap's bookkeeping, in engine, guarded by engine.mu.
-type awakeState struct {
-	limit int // GOMAXPROCS, when cheap
-	stuck int // workers running one record for over a tick, at the last tick
-	held  int // wake-ups the cap held back and workers it put to sleep, for tests
-	tick  uint32
-	guard *time.Timer
-}
-
-func newAwakeState() awakeState { return awakeState{limit: runtime.GOMAXPROCS(0)} }
+// The awake cap and the stuck guard: their state is internal/awake's Cap
+// (e.awake), which says why they exist; here is the I/O, the guard's
+// timer, and what a stuck record changes in the pipeline. A worker whose
+// records turn slow ends the cap for every worker until one measures them
+// cheap again (the cap holds only while the cost model says cheap).
 
 // slotRecord is what a worker slot runs now: the record, for stuck
 // reports, and the guard's tick when it took it. Zero between records.
@@ -47,22 +20,16 @@ type slotRecord struct {
 }
 
 // awakeExcess is how many awake workers are beyond the cap: 0 when it
-// allows no more, below 0 when it has room (always, while the handler is
-// not cheap). Called with mu held.
+// allows no more, below 0 when it has room. Called with mu held.
 func (e *engine) awakeExcess() int {
-	a := &e.awake
-	if !e.cost.cheap() {
-		return math.MinInt
-	}
-	return e.cfg.concurrency - e.idle - (a.limit + a.stuck)
+	return e.awake.Excess(e.cost.Cheap(), e.cfg.concurrency)
 }
 
-// capped notes a wake-up the cap held back, or a worker it put to sleep
-// with records ready, arming the stuck guard. Called with mu held.
-func (e *engine) capped() {
-	e.awake.held++
-	if e.awake.guard == nil && !e.stop {
-		e.awake.guard = time.AfterFunc(awakeTick, e.guardTick)
+// armGuard arms the stuck guard's timer unless it is armed or the
+// pipeline stops. Called with mu held.
+func (e *engine) armGuard() {
+	if e.guard == nil && !e.stop {
+		e.guard = time.AfterFunc(awake.Tick, e.guardTick)
 	}
 }
 
@@ -73,12 +40,11 @@ func (e *engine) guardTick() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	a := &e.awake
-	a.guard = nil
+	e.guard = nil
 	if e.stop {
 		return
 	}
-	a.tick++
-	a.stuck = 0
+	a.BeginTick()
 	watch := false // a wide lane's running record has records parked behind it
 	for _, r := range e.running {
 		if r.t == nil {
@@ -90,8 +56,7 @@ func (e *engine) guardTick() {
 			watch = true // until the run ends: its record may turn out stuck
 		}
 		switch {
-		case a.tick-r.tick >= 2:
-			a.stuck++
+		case a.Stuck(r.tick):
 			if run != nil && ps.status != dropped {
 				// The records it ran before this one finished: the
 				// window start and the stuck report move to this one.
@@ -100,22 +65,22 @@ func (e *engine) guardTick() {
 			if parked {
 				e.split(ps, false) // its partition's other keys must not wait for it
 			}
-		case parked && e.ready.Len() == 0 && e.idle > 0 && e.awakeExcess() < 0:
+		case parked && e.ready.Len() == 0 && e.awake.Idle() > 0 && e.awakeExcess() < 0:
 			e.split(ps, false) // an idle worker may share the partition's records
 		case parked:
 			watch = true
 		}
 	}
 	e.wake(e.ready.Len())
-	if watch && a.guard == nil {
-		a.guard = time.AfterFunc(awakeTick, e.guardTick)
+	if watch {
+		e.armGuard()
 	}
 }
 
 // stopGuard stops the stuck guard at shutdown. Called with mu held.
 func (e *engine) stopGuard() {
-	if e.awake.guard != nil {
-		e.awake.guard.Stop()
-		e.awake.guard = nil
+	if e.guard != nil {
+		e.guard.Stop()
+		e.guard = nil
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/kpar/kpar/internal/awake"
 )
 
 // TestAwakeCapHoldsWakeUpsAndTheGuardCountsStuckWorkers: while the handler
@@ -16,37 +18,40 @@ func TestAwakeCapHoldsWakeUpsAndTheGuardCountsStuckWorkers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const workers = 8
 		e := testEngine(func(c *cfg) { c.concurrency = workers })
-		e.awake.limit = 2
+		e.awake = awake.New(2)
 		e.mu.Lock()
-		e.idle = workers - 2 // two awake: the cap
-		e.wake(1)
-		if e.idle != workers-3 {
-			t.Fatalf("before any measurement: idle %d, want a worker woken", e.idle)
+		for range workers - 2 { // two awake: the cap
+			e.awake.Sleep()
 		}
-		e.idle, e.waking = workers-2, false
-
-		e.cost.measured(time.Microsecond) // cheap
 		e.wake(1)
-		if e.idle != workers-2 || e.awake.held != 1 || e.awake.guard == nil {
+		if e.awake.Idle() != workers-3 {
+			t.Fatalf("before any measurement: idle %d, want a worker woken", e.awake.Idle())
+		}
+		e.awake.Woken() // the woken worker runs, and sleeps again
+		e.awake.Sleep()
+
+		e.cost.Measured(time.Microsecond) // cheap
+		e.wake(1)
+		if e.awake.Idle() != workers-2 || e.awake.Held() != 1 || e.guard == nil {
 			t.Fatalf("cheap: idle %d, held %d, guard armed %v; want no worker woken, one held back, the guard armed",
-				e.idle, e.awake.held, e.awake.guard != nil)
+				e.awake.Idle(), e.awake.Held(), e.guard != nil)
 		}
 		// The two awake workers each run one record, taken at this tick,
 		// and one more record waits.
 		for slot := range 2 {
-			e.running[slot] = slotRecord{&task{}, e.awake.tick}
+			e.running[slot] = slotRecord{&task{}, e.awake.Stamp()}
 		}
 		e.ready.Push(&task{})
 		e.mu.Unlock()
 
 		check := func(wantStuck, wantIdle int) {
 			t.Helper()
-			time.Sleep(awakeTick)
+			time.Sleep(awake.Tick)
 			synctest.Wait()
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			if e.awake.stuck != wantStuck || e.idle != wantIdle {
-				t.Fatalf("tick %d: %d stuck, idle %d; want %d stuck, idle %d", e.awake.tick, e.awake.stuck, e.idle, wantStuck, wantIdle)
+			if e.awake.StuckCount() != wantStuck || e.awake.Idle() != wantIdle {
+				t.Fatalf("tick %d: %d stuck, idle %d; want %d stuck, idle %d", e.awake.Stamp(), e.awake.StuckCount(), e.awake.Idle(), wantStuck, wantIdle)
 			}
 		}
 		check(0, workers-2) // one tick: not stuck yet, the guard re-armed

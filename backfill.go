@@ -203,18 +203,25 @@ func Backfill(ctx context.Context, h Handler, r Range, opts ...BackfillOpt) (Bac
 	admin.Close()
 
 	hk := newHooks(c.hooks)
-	e := newEngine(c, h, nil, &hk)
-	rs := newRangeSource(e, r.Topic, c.progressFile, state)
+	var rs *rangeSource
+	e, err := newEngine(c, h, nil, &hk, func(e *engine) source {
+		rs = newRangeSource(e, r.Topic, c.progressFile, state)
+		return rs
+	})
+	if err != nil {
+		return BackfillResult{}, err
+	}
 	err = e.run(ctx)
 	if err == nil && ctx.Err() != nil {
 		err = fmt.Errorf("kpar: backfill stopped before the range was done: %w", ctx.Err())
 	}
 	err = errors.Join(err, rs.saveErr)
 	e.mu.Lock()
+	finished, failed, dead := e.outcomes.Tally()
 	res := BackfillResult{
-		Records:      e.finished,
-		Failed:       e.failedFinished,
-		DeadLettered: e.deadLettered,
+		Records:      finished,
+		Failed:       failed,
+		DeadLettered: dead,
 		AlreadyDone:  rs.alreadyDone,
 		Slices:       len(state.Slices),
 		Elapsed:      time.Since(start),
@@ -244,15 +251,9 @@ func backfillConfig(r Range, opts []BackfillOpt) (*cfg, error) {
 	}
 	// A range has no order to keep: its slices are read at once.
 	c.ordering = Unordered
-	group := c.group
-	c.topics = []string{r.Topic}
-	if c.group == "" {
-		c.group = "kpar-backfill"
-	}
-	if err := c.validate(); err != nil {
+	if err := c.validateFlow(); err != nil {
 		return nil, err
 	}
-	c.group = group
 	return &c, nil
 }
 

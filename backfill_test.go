@@ -373,12 +373,15 @@ func TestBackfillEndsAtATransactionMarker(t *testing.T) {
 func TestBackfillSavesProgressAtMostOncePerInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "p.json")
-		e := testEngine(func(c *cfg) { c.progressInterval = time.Second })
 		state := &progress.State{
 			Range:  progress.Range{Topic: "t", From: "0", To: "100"},
 			Slices: []progress.Slice{{Partition: 0, From: 0, To: 100}},
 		}
-		r := newRangeSource(e, "t", file, state)
+		var r *rangeSource
+		e := testEngineWithSource(func(c *cfg) { c.progressInterval = time.Second }, func(e *engine) source {
+			r = newRangeSource(e, "t", file, state)
+			return r
+		})
 		ps := r.slices[0].ps
 		e.parts[ps.tp] = ps
 		ctx, cancel := context.WithCancel(t.Context())

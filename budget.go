@@ -44,10 +44,11 @@ func CommitBudget(perSecond float64) ConsumerOpt {
 	return consumerOpt(func(c *cfg) { c.commitBudget, c.explicit = perSecond, c.explicit|setCommitBudget })
 }
 
-// share sets the member's spacing from its share of the group's commit
-// budget, after its assignment changed. The settler calls it before a
-// commit; the spacing applies from the next one.
-func (g *groupSource) share(ctx context.Context) {
+// learnQuota sets the member's spacing from its quota of the group's
+// commit budget (the part its partitions are of the group's), after its
+// assignment changed. The settler calls it before a commit; the spacing
+// applies from the next one.
+func (g *groupSource) learnQuota(ctx context.Context) {
 	e := g.e
 	budget := e.cfg.commitBudget
 	e.mu.Lock()
@@ -77,7 +78,7 @@ func (g *groupSource) share(ctx context.Context) {
 	defer cancel()
 	tds, err := kadm.NewClient(g.cl).ListTopics(ctx, names...)
 	if err != nil {
-		g.shareStale.Store(true) // the last share stands until a later settle learns it
+		g.shareStale.Store(true) // the last quota stands until a later settle learns it
 		return
 	}
 	all := 0
@@ -90,7 +91,7 @@ func (g *groupSource) share(ctx context.Context) {
 	spacing := time.Duration(float64(all) / (float64(mine) * budget) * float64(time.Second))
 	g.budgetSpacing.Store(int64(spacing))
 	if spacing > e.cfg.commitInterval {
-		e.log.Debug("kpar: commits spaced by the member's share of the group's commit budget",
+		e.log.Debug("kpar: commits spaced by the member's quota of the group's commit budget",
 			"spacing", spacing, "partitions", mine, "of", all, "budget_per_second", budget)
 	}
 }

@@ -90,7 +90,7 @@ func (g *groupSource) snapshot(only []*partState) []commitPart {
 func (g *groupSource) snapshotLocked(only []*partState) []commitPart {
 	e := g.e
 	var todo []commitPart
-	e.takeAsked()
+	e.outcomes.Taken()
 	add := func(ps *partState) {
 		if ps.status == dropped {
 			return

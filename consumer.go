@@ -121,11 +121,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
-	e := newEngine(&c.cfg, c.handler, c.batch, &c.hooks)
-	if c.cfg.shareGroup != "" {
-		c.share = newShareSource(e)
-	} else {
-		newGroupSource(e)
+	e, err := newEngine(&c.cfg, c.handler, c.batch, &c.hooks, consumerSource)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	if s, ok := e.src.(*shareSource); ok {
+		c.share = s
 	}
 	c.cancel, c.done, c.eng, c.last = cancel, done, e, e
 	c.mu.Unlock()
@@ -135,6 +137,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.mu.Unlock()
 	}()
 	return e.run(ctx)
+}
+
+// consumerSource is a Consumer's source: a share group member with
+// ShareGroup, else a consumer group member.
+func consumerSource(e *engine) source {
+	if e.cfg.shareGroup != "" {
+		return newShareSource(e)
+	}
+	return newGroupSource(e)
 }
 
 // Close stops a running Run as if its context were cancelled, waits for it

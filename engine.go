@@ -6,14 +6,19 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kpar/kpar/internal/awake"
+	"github.com/kpar/kpar/internal/buffer"
+	"github.com/kpar/kpar/internal/cost"
 	"github.com/kpar/kpar/internal/limit"
 	"github.com/kpar/kpar/internal/sched"
+	"github.com/kpar/kpar/internal/settle"
 )
 
 var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFunc) to New")
@@ -21,20 +26,46 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 // engine is the pipeline of one Run, or of one Backfill: the rooms every
 // source shares (source.go), built whole by newEngine for every source.
 //
-// Lock map. mu is the pipeline's one lock: it guards parts and the
-// partStates in it, and every room embedded after it (dispatch, cost,
-// awake, budget, limits, retries, pauses, settling). Each room's type
-// says which file works it. mu is held for bookkeeping only: no handler,
-// hook, client call or log call (a slog handler is user code too) runs
-// under it. Its word and what it guards change with every record, so the
-// fields before it, read by every worker, sit on other cache lines. Locks
-// of their own: overloadLog.mu (overload.go), the attempt contexts'
-// (attempt.go), and a source's (taken before mu, never while holding it:
-// groupSource.commitMu, shareSource.mu, rangeSource.mu). Atomics: slots,
-// overdue, closing.
+// Lock map: every lock of the package, what it guards, and what is never
+// done under it. No lock is held across a network call or a log call (a
+// slog handler is user code too), but groupSource.commitMu, which exists
+// to serialise commits across their requests.
+//
+//   - engine.mu, the pipeline's lock (with cond, the workers' wait on
+//     it): parts and the partStates in it, and every field after it. The
+//     rooms that are packages of their own (internal/cost, awake, buffer,
+//     settle, sched, window, limit) keep their state unexported, so only
+//     their methods, called by the engine under mu, change it; the rooms
+//     still embedded here (dispatch, limits, retries, pauses, the outputs
+//     waiting for a transaction) say which file works them. Held for
+//     bookkeeping only: no handler, hook, client call or log runs under
+//     it. Its word and what it guards change with every record, so the
+//     fields before it, read by every worker, sit on other cache lines.
+//     Taken last: no other lock of the package is taken while holding it.
+//   - groupSource.commitMu (group.go): serialises commits from snapshot
+//     to response (commit.go, txn.go), so an older commit never lands
+//     after a newer one: the settler's, a revoke's, the final one. Held
+//     across the OffsetCommit (or the transaction) by design; taken
+//     before engine.mu, which the commit takes only to snapshot and to
+//     note the response.
+//   - topicIDCache.mu (topicids.go, groupSource.ids): the transactional
+//     commit's cache of topic IDs, for map operations only; the metadata
+//     request that fills a miss runs without it.
+//   - shareSource.mu (sharesource.go): the records a share-group member
+//     holds and their lock renewals. Never nested with engine.mu.
+//   - attemptCtx.mu (attempt.go): one attempt context's cancellation and
+//     AfterFuncs, which run after it is released.
+//   - overloadLog.mu (overload.go): the overload spell's tallies; logs
+//     after releasing it.
+//   - Consumer.mu (consumer.go), refusal.mu (ordering.go), goneNews.mu
+//     (topicwatch.go), RunMembers' errMu (members.go) and commitTxn's
+//     produce-error lock (txn.go): a field or two each, set and read.
+//
+// Atomics, read without a lock: slots, overdue, closing.
 type engine struct {
-	// Set by newEngine (producer by the source's open, before any of the
-	// pipeline's goroutines starts); read-only afterwards.
+	// Set by newEngine; read-only afterwards: no field of engine is
+	// written after newEngine returns but those guarded by mu and the
+	// atomics.
 	cfg        *cfg
 	handler    Handler
 	batch      BatchHandler
@@ -46,11 +77,11 @@ type engine struct {
 	// keep, for a source that withdraws records at shutdown (share
 	// groups), says which must run all the same. Called with mu held.
 	keep func(*kgo.Record) bool
-	// producer writes retry-topic records: the group source's client;
-	// nil for the sources that refuse RetryTopics.
-	producer *kgo.Client
+	// producer writes retry-topic records: the group source, through its
+	// client; nil for the sources that refuse RetryTopics.
+	producer producer
 	// out produces what handlers emit (outputs.go); nil unless Outputs or
-	// ExactlyOnce. Set by run before any goroutine starts.
+	// ExactlyOnce. Its client is closed by run.
 	out *outputs
 
 	slots   attemptSlots // each worker's running attempt, for the watchdog
@@ -58,20 +89,36 @@ type engine struct {
 	// closing is set when shutdown begins: revokes from then on (leaving
 	// the group) do not wait for running records, the drain did.
 	closing atomic.Bool
-	over    overloadLog // summarises overload logs; a lock of its own
+	over    overloadLog  // summarises overload logs; a lock of its own
+	misconf misconfigLog // logs Misconfigured spells; a lock of its own
 
 	_ [falseSharingPad]byte
 
 	mu    sync.Mutex
 	parts map[tp]*partState
 	dispatch
-	cost  handlerCost
-	awake awakeState // the awake cap and the stuck guard (awake.go)
-	budget
+	cost cost.Model // the handler-cost model (cost.go)
+	// awake is the workers asleep, the wake-up on its way, the awake cap
+	// and the stuck guard's count (awake.go, schedule.go's wake).
+	awake awake.Cap
+	// guard is the stuck guard's timer, armed while the cap holds a
+	// wake-up back or a wide lane's running record is watched (awake.go).
+	guard *time.Timer
+	// buf is the byte budget, the records a drain waits for, and (with
+	// each partState's part) the reasons to pause fetching
+	// (internal/buffer, worked by admit.go).
+	buf buffer.Total
+	// space is closed, and set to nil, when buffered bytes drop below
+	// MaxBufferedBytes while pollers wait for it; nil while none waits.
+	space chan struct{}
+	// drained is closed when the last admitted record finishes after
+	// draining began; nil while none waits.
+	drained chan struct{}
 	limits
 	retries
 	pauses
 	settling
+	hangs hangWatch // successes and outages, for the hang policy (hang.go)
 }
 
 // dispatch is the ready queue and the workers that take from it
@@ -79,11 +126,9 @@ type engine struct {
 type dispatch struct {
 	cond  sync.Cond // workers wait here for ready records or stop
 	ready sched.Queue[item]
-	// idle counts the workers waiting on cond that no wake-up is on its
-	// way to; waking is set from a Signal until the signalled worker runs
-	// (see wake).
-	idle   int
-	waking bool
+	// The workers waiting on cond, and the wake-up on its way, are
+	// e.awake's (internal/awake).
+	//
 	// running holds the record each worker runs now, for stuck reports
 	// (cheap records share one attempt context, so a worker's attempt
 	// slot does not say which record runs), and the stuck guard's tick
@@ -95,19 +140,6 @@ type dispatch struct {
 	taskPool taskPool
 	// runsEntered counts the record runs entered (run.go), for tests.
 	runsEntered uint64
-}
-
-// budget is what buffered records weigh against MaxBufferedBytes, and the
-// drain that waits for them (admit.go). Guarded by engine.mu.
-type budget struct {
-	bytes   int64 // recordSize of buffered records, but those waiting on retry timers
-	pending int   // admitted records not finished, over live partitions
-	// space is closed, and set to nil, when buffered bytes drop below
-	// MaxBufferedBytes while pollers wait for it; nil while none waits.
-	space chan struct{}
-	// drained is closed when pending reaches 0 after draining began.
-	draining bool
-	drained  chan struct{}
 }
 
 // limits decide whether an attempt may start now (worker.go's limited,
@@ -138,7 +170,9 @@ type retries struct {
 
 // pauses are pause and resume decisions waiting for the fetch controller
 // (admit.go), which applies them through the source outside the lock.
-// Guarded by engine.mu.
+// Guarded by engine.mu. Why to pause is internal/buffer's (buffer.Part);
+// what is left here is a queue handed to a goroutine and its wake-up,
+// too small for a package of its own.
 type pauses struct {
 	toggles    []fetchToggle
 	toggleWake chan struct{} // capacity 1
@@ -147,18 +181,11 @@ type pauses struct {
 // settling is what finished records leave for the source's settle
 // (settle.go). Guarded by engine.mu.
 type settling struct {
-	// commitAsked is set when a record finished since the settler last
-	// ran; commitWake (capacity 1) wakes the settler.
-	commitAsked bool
-	commitWake  chan struct{}
-	// acks is set for a source that acknowledges each record (share
-	// groups): finished records are queued in accepted, withdrawn ones in
-	// released, for its settle.
-	acks               bool
-	accepted, released []*kgo.Record
-	// Tallies of finished records, for Backfill's result: all of them,
-	// those that failed an attempt first, those dead-lettered.
-	finished, failedFinished, deadLettered int64
+	// outcomes is the request to settle, the acknowledgements and the
+	// tallies (internal/settle); commitWake (capacity 1) wakes the
+	// settler when a request is new.
+	outcomes   settle.Outcomes
+	commitWake chan struct{}
 	// pendingOutputs are the outputs of finished records that wait for the
 	// transaction that commits them (ExactlyOnce, txn.go), in the order
 	// the records finished.
@@ -169,9 +196,13 @@ type settling struct {
 // lines, since CPUs fetch lines in adjacent pairs.
 const falseSharingPad = 128
 
-// newEngine builds the whole pipeline for one run of src; src is set by
-// the caller before run.
-func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
+// newEngine builds the whole pipeline for one run of the source that
+// newSource makes for it (none, for tests of the engine alone): the
+// source's kind sets what the engine asks of it (a share group's
+// acknowledgements and withdrawals, a consumer group's producer). With
+// Outputs or ExactlyOnce it makes the outputs' client, which does not
+// connect yet; run closes it.
+func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*engine) source) (*engine, error) {
 	e := &engine{
 		cfg:        c,
 		handler:    h,
@@ -182,7 +213,8 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 		stuckAfter: c.stuckAfter,
 		slots:      make(attemptSlots, c.concurrency),
 		parts:      make(map[tp]*partState),
-		awake:      newAwakeState(),
+		buf:        buffer.New(c.maxBytes),
+		awake:      awake.New(runtime.GOMAXPROCS(0)),
 	}
 	if e.stuckAfter == 0 {
 		e.stuckAfter = 2 * c.attemptTimeout
@@ -200,19 +232,36 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks) *engine {
 	}
 	e.rate = newRates(c)
 	e.cost = newHandlerCost(c, bh != nil, e.rate)
-	return e
+	if newSource != nil {
+		e.src = newSource(e)
+	}
+	if a, ok := e.src.(acknowledger); ok {
+		e.outcomes.AckEach()
+		e.keep = a.keepAtShutdown
+	}
+	if p, ok := e.src.(producer); ok {
+		e.producer = p
+	}
+	if c.outputs || c.exactlyOnce {
+		out, err := newOutputs(c)
+		if err != nil {
+			return nil, err
+		}
+		e.out = out
+	}
+	return e, nil
 }
 
 // run runs the pipeline over e.src until ctx ends, the source is done, or
 // a fatal error.
 func (e *engine) run(ctx context.Context) error {
-	if e.cfg.outputs || e.cfg.exactlyOnce {
-		out, err := newOutputs(e.cfg)
-		if err != nil {
-			return err
+	if e.out != nil {
+		defer e.out.close()
+		if e.cfg.exactlyOnce {
+			if err := e.initTransactions(ctx); err != nil { // txninit.go
+				return err
+			}
 		}
-		defer out.close()
-		e.out = out
 	}
 	if err := e.src.open(ctx); err != nil {
 		return err
@@ -271,9 +320,9 @@ func (e *engine) run(ctx context.Context) error {
 		tm.Stop()
 		delete(e.timers, t)
 	}
-	e.idle, e.waking = 0, false
+	e.awake.WakeAll()
 	e.cond.Broadcast()
-	unfinished := e.pending
+	unfinished := e.buf.Pending()
 	e.mu.Unlock()
 	if !drained {
 		e.log.Warn("kpar: shutdown timeout passed with records unfinished; cancelling handlers; they will be delivered again",
@@ -342,8 +391,7 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 func (e *engine) whenIdle() <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.draining = true
-	if e.pending == 0 {
+	if e.buf.Drain() {
 		return closedDone
 	}
 	if e.drained == nil {

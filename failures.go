@@ -98,6 +98,12 @@ func (c *cfg) nowhereToGo(it *item, err error) bool {
 func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) {
 	it := &t.Value
 	x := noteFailure(it, err, timedOut, now)
+	dead, wait := e.hung(it, x, err, timedOut, backoff)
+	if dead {
+		e.exile(t) // to the dead letters (toDeadLetters)
+		return
+	}
+	backoff = max(backoff, wait)
 	if IsOverloaded(err) && x.class != deadletter.ClassPermanent {
 		// The downstream pushed back: the adaptive limit (or, without it,
 		// the overload breaker) paces the retries, and the attempt does
@@ -206,8 +212,9 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 			continue
 		}
 		if e.toDeadLetters(t.Value.x) {
-			e.deadLettered++
+			e.outcomes.DeadLettered()
 		}
+		e.hangs.exiledDone++
 		if next := e.complete(t); next != nil {
 			e.ready.Push(next)
 			handedOver++
@@ -222,7 +229,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 // sink rather than to its next retry topic: it failed for good, it used
 // the last retry topic, or that topic refused it as too large.
 func (e *engine) toDeadLetters(x *extra) bool {
-	return x.class == deadletter.ClassPermanent || x.level >= len(e.cfg.retryTopics) || x.retryRefused
+	return x.class == deadletter.ClassPermanent || x.level >= len(e.cfg.retryTopics) || x.retryRefused || x.hung
 }
 
 // sinkBackoff spaces out writes to a failing retry topic or sink: full
@@ -298,8 +305,7 @@ func (e *engine) retryLater(t *task, backoff time.Duration) {
 	// many records wait for retries, healthy partitions keep being fetched.
 	// Each partition's window still bounds its waiting records.
 	ps, size := t.Value.part, t.Value.size
-	ps.waiting += size
-	e.bytes -= size
+	e.buf.Park(&ps.buf, size)
 	e.budgetFreed()
 	e.timers[t] = time.AfterFunc(backoff, func() {
 		e.mu.Lock()
@@ -319,7 +325,6 @@ func (e *engine) retryLater(t *task, backoff time.Duration) {
 // retryNow makes a record that waited on a retry timer, stopped and
 // forgotten by the caller, ready again. Called with mu held.
 func (e *engine) retryNow(t *task) {
-	t.Value.part.waiting -= t.Value.size
-	e.bytes += t.Value.size
+	e.buf.Unpark(&t.Value.part.buf, t.Value.size)
 	e.ready.Push(t)
 }

@@ -32,22 +32,23 @@ type groupSource struct {
 	// joins ends the run of a member that keeps failing to join (the
 	// poller's).
 	joins joinFailures
-	// ids caches topic IDs for transactional commits (txn.go).
-	idMu sync.Mutex
-	ids  map[string][16]byte
+	// ids caches topic IDs for transactional commits (topicids.go).
+	ids topicIDCache
 	// budgetSpacing is the spacing between commits the member's share of
 	// the group's CommitBudget asks for, in nanoseconds (budget.go).
 	budgetSpacing atomic.Int64
-	// shareStale asks the settler to learn the member's share again: the
+	// shareStale asks the settler to learn the member's quota of the
+	// commit budget again (learnQuota, budget.go): the
 	// assignment changed. The rebalance callbacks only set it, so that no
 	// metadata request delays a rebalance.
 	shareStale atomic.Bool
+	// lost keeps what was finished on partitions lost without a commit,
+	// for when they come back (lostwork.go).
+	lost lostWork
 }
 
 func newGroupSource(e *engine) *groupSource {
-	g := &groupSource{e: e}
-	e.src = g
-	return g
+	return &groupSource{e: e}
 }
 
 func (g *groupSource) open(ctx context.Context) error {
@@ -65,14 +66,13 @@ func (g *groupSource) open(ctx context.Context) error {
 		return fmt.Errorf("kpar: connecting to the brokers: %w", err)
 	}
 	g.cl = cl
-	g.e.producer = cl
 	g.e.createRetryTopics(ctx, cl)
 	return nil
 }
 
 func (g *groupSource) settle(ctx context.Context) error {
 	if g.shareStale.Swap(false) {
-		g.share(ctx)
+		g.learnQuota(ctx)
 	}
 	return g.commit(ctx, nil)
 }

@@ -315,13 +315,30 @@ func (e *ends) snapshot() map[string]map[int32]int64 {
 	return out
 }
 
+// testEngineOf is testEngine with c and h.
+func testEngineOf(t *testing.T, c *cfg, h Handler) *engine {
+	t.Helper()
+	e, err := newEngine(c, h, nil, &hooks{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // testEngine is a whole pipeline, built as Run builds it, for the unit
 // tests of its rooms: defaultCfg changed by set, no source, nothing
 // started.
-func testEngine(set func(*cfg)) *engine {
+func testEngine(set func(*cfg)) *engine { return testEngineWithSource(set, nil) }
+
+// testEngineWithSource is testEngine with the source newSource makes.
+func testEngineWithSource(set func(*cfg), newSource func(*engine) source) *engine {
 	c := defaultCfg()
 	if set != nil {
 		set(&c)
 	}
-	return newEngine(&c, HandlerFunc(func(context.Context, *kgo.Record) error { return nil }), nil, &hooks{})
+	e, err := newEngine(&c, HandlerFunc(func(context.Context, *kgo.Record) error { return nil }), nil, &hooks{}, newSource)
+	if err != nil {
+		panic(err)
+	}
+	return e
 }

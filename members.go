@@ -24,7 +24,7 @@ const membersPollRecords = 500
 //
 // Each member is its own franz-go client built from the same options.
 // RunMembers takes the MemberOpt options only — Group, Topics, TopicRegex,
-// InstanceID and the Opt ones valid everywhere (Brokers, ClientOptions, RetryBackoff,
+// InstanceID, GroupProtocol and the Opt ones valid everywhere (Brokers, ClientOptions, RetryBackoff,
 // ShutdownTimeout, WithLogger, WithHooks) — so passing one it would ignore,
 // such as Concurrency, does not compile. A member handles
 // its records one at a time, in offset order, and commits after handling

@@ -1,6 +1,7 @@
 package kpar
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -170,7 +171,7 @@ type cfg struct {
 	// source may refuse to ignore (setX below).
 	explicit uint32
 	// pinnedCost, for tests only, is the handler's time per record the
-	// engine goes by instead of its workers' measure (awakeState.pinned).
+	// engine goes by instead of its workers' measure (internal/cost's pinned measure).
 	pinnedCost time.Duration
 
 	concurrency         int
@@ -193,6 +194,7 @@ type cfg struct {
 	maxAttempts    int
 	attemptTimeout time.Duration
 	stuckAfter     time.Duration
+	hangLimit      time.Duration // HangLimit (hang.go); 0: off
 	deadLetters    deadletter.Sink
 	retryTopics    []time.Duration
 
@@ -219,6 +221,8 @@ const (
 	setRevokeTimeout
 	setCommitBudget
 	setCommitInterval
+	setGroupProtocol
+	setBatchSize
 )
 
 func defaultCfg() cfg {
@@ -241,6 +245,7 @@ func defaultCfg() cfg {
 		readers:             1,
 		progressInterval:    time.Second,
 		attemptTimeout:      30 * time.Second,
+		hangLimit:           defaultHangLimit,
 		logger:              slog.New(slog.DiscardHandler),
 	}
 }
@@ -288,9 +293,12 @@ func Concurrency(n int) FlowOpt { return flowOpt(func(c *cfg) { c.concurrency = 
 func Ordering(o Order) ConsumerOpt { return consumerOpt(func(c *cfg) { c.ordering = o }) }
 
 // BatchSize sets the most records a BatchHandler receives at once,
-// overriding the default 100. It has no effect with New. A batch holds records of one
-// partition (and, in Key mode, of one key), in offset order.
-func BatchSize(n int) ConsumerOpt { return consumerOpt(func(c *cfg) { c.batchSize = n }) }
+// overriding the default 100. New, whose Handler takes one record at a
+// time, refuses it. A batch holds records of one partition (and, in Key
+// mode, of one key), in offset order.
+func BatchSize(n int) ConsumerOpt {
+	return consumerOpt(func(c *cfg) { c.batchSize, c.explicit = n, c.explicit|setBatchSize })
+}
 
 // WindowRecords bounds each partition's window: the records from the
 // lowest unfinished offset through the newest fetched one, overriding the
@@ -384,10 +392,14 @@ func KeyRateLimit(perSecond float64, burst int) FlowOpt {
 }
 
 // InstanceID makes the consumer a static group member (KIP-345) with this
-// group.instance.id: a member that restarts with the same ID within the
-// session timeout gets its partitions back at once, without a rebalance,
-// instead of waiting for the session timeout to expire. Each running member
-// needs its own ID (a second member with the same ID fences the first).
+// group.instance.id. In the classic protocol a member that restarts with
+// the same ID within the session timeout, after a clean stop or a crash,
+// gets its partitions back at once, without a rebalance, instead of
+// waiting for the session timeout to expire. In the consumer protocol
+// that holds only after a clean stop: after a crash the broker answers the
+// restarted member UNRELEASED_INSTANCE_ID until the dead member's session
+// expires, as long as a dynamic member waits. Each running member needs
+// its own ID (a second member with the same ID fences the first).
 // Default: none (a dynamic member).
 //
 // With RunMembers, member i gets the ID "<id>-<i>".
@@ -465,6 +477,8 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *cfg) { c.logger = l }) 
 // interface.
 func WithHooks(hooks ...Hook) Opt { return opt(func(c *cfg) { c.hooks = append(c.hooks, hooks...) }) }
 
+// validate checks a consumer's configuration (New, NewBatch, RunMembers):
+// membership, then the pipeline's flow rules (validateFlow).
 func (c *cfg) validate() error {
 	if c.shareGroup != "" {
 		if err := c.validateShare(); err != nil {
@@ -475,55 +489,29 @@ func (c *cfg) validate() error {
 		return err
 	}
 	switch {
-	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
-		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
 	case c.group == "" && c.shareGroup == "":
 		return fmt.Errorf("kpar: no group: set Group(name), or ShareGroup(name) for a share group")
 	case len(c.topics) == 0:
 		return fmt.Errorf("kpar: no topics: set Topics(names...)")
-	case c.concurrency < 1 || c.concurrency > 1<<16:
-		return fmt.Errorf("kpar: Concurrency(%d) out of range: want 1 to 65536", c.concurrency)
 	case c.protocol < ClassicProtocol || c.protocol > ConsumerProtocol:
 		return fmt.Errorf("kpar: GroupProtocol(%d) unknown: want ClassicProtocol or ConsumerProtocol", int(c.protocol))
 	case c.ordering < ByKey || c.ordering > Unordered:
 		return fmt.Errorf("kpar: Ordering(%d) unknown: want ByKey, ByPartition or Unordered", int(c.ordering))
 	case c.batch && c.batchSize < 1:
 		return fmt.Errorf("kpar: BatchSize(%d) out of range: want 1 or more", c.batchSize)
-	case c.windowRecords < 4 || c.windowRecords > 1<<24:
-		return fmt.Errorf("kpar: WindowRecords(%d) out of range: want 4 to 16777216", c.windowRecords)
-	case c.batch && c.windowRecords < c.batchSize:
+	case c.batch && c.windowRecords < c.batchSize && c.windowRecords >= 4:
 		return fmt.Errorf("kpar: WindowRecords(%d) is smaller than BatchSize(%d): a batch must fit in the window", c.windowRecords, c.batchSize)
-	case c.maxBytes < 1<<10:
-		return fmt.Errorf("kpar: MaxBufferedBytes(%d) out of range: want 1024 or more", c.maxBytes)
 	case !(c.commitBudget >= 0) || math.IsInf(c.commitBudget, 1):
 		return fmt.Errorf("kpar: CommitBudget(%v) out of range: want commits a second above 0, or 0 for no budget", c.commitBudget)
 	case c.commitInterval <= 0:
 		return fmt.Errorf("kpar: CommitInterval(%v) out of range: want more than 0", c.commitInterval)
 	case c.commitMetadataBytes < 0 || c.commitMetadataBytes > 1<<20:
 		return fmt.Errorf("kpar: CommitMetadataBytes(%d) out of range: want 0 (plain commits) to 1048576", c.commitMetadataBytes)
-	case c.shutdownTimeout <= 0:
-		return fmt.Errorf("kpar: ShutdownTimeout(%v) out of range: want more than 0", c.shutdownTimeout)
 	case c.revokeTimeout <= 0:
 		return fmt.Errorf("kpar: RevokeTimeout(%v) out of range: want more than 0", c.revokeTimeout)
-	case c.retryBase <= 0 || c.retryMax < c.retryBase:
-		return fmt.Errorf("kpar: RetryBackoff(%v, %v) out of range: want 0 < base <= max", c.retryBase, c.retryMax)
-	case c.maxAttempts < 1:
-		return fmt.Errorf("kpar: MaxAttempts(%d) out of range: want 1 or more", c.maxAttempts)
-	case c.attemptTimeout <= 0:
-		return fmt.Errorf("kpar: AttemptTimeout(%v) out of range: want more than 0", c.attemptTimeout)
-	case c.stuckAfter < 0:
-		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want 0 (twice AttemptTimeout) or more", c.stuckAfter)
-	case c.logger == nil:
-		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
 	}
-	if err := c.rateLimit.check("RateLimit"); err != nil {
+	if err := c.validatePairs(); err != nil {
 		return err
-	}
-	if err := c.keyRateLimit.check("KeyRateLimit"); err != nil {
-		return err
-	}
-	if c.regex && len(c.retryTopics) > 0 {
-		return fmt.Errorf("kpar: RetryTopics cannot be combined with TopicRegex: name the topics")
 	}
 	if c.regex {
 		for _, t := range c.topics {
@@ -537,12 +525,63 @@ func (c *cfg) validate() error {
 			return fmt.Errorf("kpar: RetryTopics delay %d is %v: want more than 0", i+1, d)
 		}
 	}
+	return c.validateFlow()
+}
+
+// validateFlow checks what every source's pipeline shares (FlowOpt and
+// Opt): Backfill checks it alone, with its range.
+func (c *cfg) validateFlow() error {
+	switch {
+	case len(c.brokers) == 0 && len(c.clientOpts) == 0:
+		return fmt.Errorf("kpar: no brokers: set Brokers(\"host:port\") or ClientOptions(kgo.SeedBrokers(...))")
+	case c.concurrency < 1 || c.concurrency > 1<<16:
+		return fmt.Errorf("kpar: Concurrency(%d) out of range: want 1 to 65536", c.concurrency)
+	case c.windowRecords < 4 || c.windowRecords > 1<<24:
+		return fmt.Errorf("kpar: WindowRecords(%d) out of range: want 4 to 16777216", c.windowRecords)
+	case c.maxBytes < 1<<10:
+		return fmt.Errorf("kpar: MaxBufferedBytes(%d) out of range: want 1024 or more", c.maxBytes)
+	case c.shutdownTimeout <= 0:
+		return fmt.Errorf("kpar: ShutdownTimeout(%v) out of range: want more than 0", c.shutdownTimeout)
+	case c.retryBase <= 0 || c.retryMax < c.retryBase:
+		return fmt.Errorf("kpar: RetryBackoff(%v, %v) out of range: want 0 < base <= max", c.retryBase, c.retryMax)
+	case c.maxAttempts < 1:
+		return fmt.Errorf("kpar: MaxAttempts(%d) out of range: want 1 or more", c.maxAttempts)
+	case c.attemptTimeout <= 0:
+		return fmt.Errorf("kpar: AttemptTimeout(%v) out of range: want more than 0", c.attemptTimeout)
+	case c.hangLimit < 0:
+		return fmt.Errorf("kpar: HangLimit(%v) out of range: want 0 (off) or more", c.hangLimit)
+	case c.stuckAfter < 0:
+		return fmt.Errorf("kpar: StuckAfter(%v) out of range: want 0 (twice AttemptTimeout) or more", c.stuckAfter)
+	case c.logger == nil:
+		return fmt.Errorf("kpar: WithLogger(nil): pass a logger, or leave the option out to discard logs")
+	}
+	if err := c.rateLimit.check("RateLimit"); err != nil {
+		return err
+	}
+	if err := c.keyRateLimit.check("KeyRateLimit"); err != nil {
+		return err
+	}
 	for i, h := range c.hooks {
 		if !isHook(h) {
 			return fmt.Errorf("kpar: WithHooks: hook %d (%T) implements no HookX interface", i, h)
 		}
 	}
 	return c.validateClientOpts()
+}
+
+// validatePairs refuses options that each hold alone but not together
+// (those with ShareGroup are validateShare's, those with ExactlyOnce
+// validateOutputs'): each error names both.
+func (c *cfg) validatePairs() error {
+	switch {
+	case c.regex && len(c.retryTopics) > 0:
+		return errors.New("kpar: RetryTopics cannot be combined with TopicRegex: name the topics")
+	case c.explicit&setBatchSize != 0 && !c.batch:
+		return errors.New("kpar: BatchSize is for NewBatch: New's Handler takes one record at a time; leave BatchSize out, or use NewBatch with a BatchHandler")
+	case c.transactionalID != "" && !c.exactlyOnce:
+		return fmt.Errorf("kpar: TransactionalID(%q) without ExactlyOnce: only ExactlyOnce's producer is transactional; add ExactlyOnce or leave TransactionalID out", c.transactionalID)
+	}
+	return nil
 }
 
 // validateClientOpts builds (without connecting) a client from the user's

@@ -64,7 +64,10 @@ func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
 	if e.brk == nil {
 		return
 	}
-	over := err != nil && (timedOut || IsOverloaded(err))
+	// A record suspected of hanging the downstream (hang.go) is not a
+	// sign of its overload: its timeouts do not slow the others down to
+	// probes, nor serialise the suspects behind one probe at a time.
+	over := err != nil && (timedOut || IsOverloaded(err)) && (t.Value.x == nil || !t.Value.x.hang.suspect)
 	if over || e.brk.Watching() {
 		now = time.Now()
 	}
@@ -85,6 +88,10 @@ func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
 func (e *engine) overloaded(err error, attrs []any) bool {
 	if !IsOverloaded(err) {
 		return false
+	}
+	if IsMisconfigured(err) {
+		e.misconfigured(err, attrs)
+		return true
 	}
 	o := &e.over
 	now := time.Now()
@@ -121,6 +128,9 @@ func (e *engine) overloaded(err error, attrs []any) bool {
 // open (a probe: the outage is over, however soon the backlog drains).
 // Called for every success: it costs an atomic load unless a spell is on.
 func (e *engine) recovered() {
+	if e.misconf.active.Load() {
+		e.misconfigRecovered(time.Now())
+	}
 	o := &e.over
 	if !o.active.Load() {
 		return

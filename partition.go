@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/buffer"
 	"github.com/kpar/kpar/internal/offsetmeta"
 	"github.com/kpar/kpar/internal/sched"
 	"github.com/kpar/kpar/internal/window"
@@ -58,6 +59,10 @@ type extra struct {
 	// retryRefused: its next retry topic refused it as too large, so it
 	// goes to the dead letters instead (writeExiled). Set under mu.
 	retryRefused bool
+	// hang is its timed-out streak, hung set once the hang policy sent it
+	// to the dead letters (hang.go). Set under mu.
+	hang hangState
+	hung bool
 
 	// Records consumed from a retry topic: the level n of <topic>.retry.<n>,
 	// when they are due, the attempts before this level, and the original
@@ -140,17 +145,12 @@ type partState struct {
 	level   int // n when this is retry topic n, else 0
 	win     *window.Window
 	lanes   sched.Lanes[item]
-	bytes   int64 // recordSize of unfinished records, held ones included
-	waiting int64 // the part of bytes waiting on retry timers, outside engine.bytes
-	running int   // records handed to workers and not finished yet
-	// Fetching is paused (paused) for either of two reasons: a window's
-	// worth of records is held (heldFull), or MaxBufferedBytes is used up
-	// and this partition holds more than its share of it (overBudget):
-	// records stuck behind a retrying key must not stop the fetching of
-	// other partitions. syncPause applies the change.
-	paused     bool
-	heldFull   bool
-	overBudget bool
+	running int // records handed to workers and not finished yet
+	// buf is the partition's part of the byte budget, and its reasons to
+	// pause fetching: a window's worth of records is held, or
+	// MaxBufferedBytes is used up and this partition holds more than its
+	// share of it (internal/buffer). syncPause applies a change.
+	buf buffer.Part
 	// held are fetched records that did not fit in the window, in offset
 	// order, waiting for room. Once heldCap records are held the partition
 	// is paused until half of that drained, so held records never exceed

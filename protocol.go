@@ -36,5 +36,8 @@ func (p *Protocol) UnmarshalText(b []byte) (err error) {
 // GroupProtocol sets the consumer group's rebalance protocol, overriding
 // the default ClassicProtocol. Every member of a group should use the
 // same; a kpar group refuses members of another ordering mode in either
-// protocol (ErrOrderingMismatch).
-func GroupProtocol(p Protocol) GroupOpt { return groupOpt(func(c *cfg) { c.protocol = p }) }
+// protocol (ErrOrderingMismatch). A share group has no rebalance
+// protocol: ShareGroup refuses it.
+func GroupProtocol(p Protocol) GroupOpt {
+	return groupOpt(func(c *cfg) { c.protocol, c.explicit = p, c.explicit|setGroupProtocol })
+}

@@ -56,7 +56,6 @@ func newRangeSource(e *engine, topic, file string, state *progress.State) *range
 		}
 		r.slices = append(r.slices, sl)
 	}
-	e.src = r
 	return r
 }
 
@@ -229,7 +228,7 @@ func (sl *rangeSlice) doneLocked() int64 {
 func (r *rangeSource) settle(context.Context) error {
 	e := r.e
 	e.mu.Lock()
-	e.takeAsked()
+	e.outcomes.Taken()
 	for i, sl := range r.slices {
 		if done := sl.doneLocked(); done != r.state.Slices[i].Done {
 			r.state.Slices[i].Done, r.unsaved = done, true

@@ -45,6 +45,9 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 			}
 			if at, ok := committed[k]; ok {
 				e.parts[k].resumeAt = at
+				// What this member finished before it lost the
+				// partition is finished still.
+				e.parts[k].skip = g.lost.take(k, finished[k], at)
 			}
 		}
 	}
@@ -125,15 +128,22 @@ wait:
 // them already.
 func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	e := g.e
+	kept := make(map[tp][]offsetmeta.Run)
 	e.mu.Lock()
 	for topic, ps := range lost {
 		for _, p := range ps {
 			if s := e.parts[tp{topic: topic, partition: p}]; s != nil {
+				if s.status == live && (e.out == nil || !e.out.eos) {
+					kept[s.tp] = finishedOf(s)
+				}
 				e.dropLocked(s)
 			}
 		}
 	}
 	e.mu.Unlock()
+	for k, runs := range kept {
+		g.lost.keep(k, runs)
+	}
 	if len(lost) == 0 {
 		return // kgo reports an empty loss on every group error while the brokers are down
 	}
@@ -150,9 +160,8 @@ func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][
 // new topic of that name and skip its records.
 func (g *groupSource) forgetTopic(topic string) {
 	e := g.e
-	g.idMu.Lock()
-	delete(g.ids, topic)
-	g.idMu.Unlock()
+	g.ids.forget(topic)
+	g.lost.forget(topic)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, ps := range e.parts {
@@ -170,9 +179,7 @@ func (e *engine) dropLocked(ps *partState) {
 	}
 	ps.status = dropped
 	e.stopRuns(ps)
-	e.bytes -= ps.bytes - ps.waiting
-	e.pending -= ps.win.Pending() + ps.held.Len()
-	ps.bytes = 0
+	wasPaused := e.buf.Drop(&ps.buf, ps.win.Pending()+ps.held.Len())
 	ps.held.reset()
 	for t, tm := range e.timers {
 		if t.Value.part == ps {
@@ -180,8 +187,7 @@ func (e *engine) dropLocked(ps *partState) {
 			delete(e.timers, t)
 		}
 	}
-	if ps.paused {
-		ps.paused, ps.heldFull, ps.overBudget = false, false, false
+	if wasPaused {
 		e.toggleFetch(fetchToggle{ps, false, 0, false})
 	}
 	if e.parts[ps.tp] == ps {

@@ -108,7 +108,7 @@ func (r *recRun) left() int { c, e := unpackRun(r.state.Load()); return max(e-c,
 // runsOK reports whether records entering ps's window now may enter as
 // runs. It may open ps's wide lane. Called with mu held.
 func (e *engine) runsOK(ps *partState) bool {
-	if !e.cost.runOK || ps.level > 0 || ps.skip != nil || !e.cost.tiny() {
+	if !e.cost.RunsOK() || ps.level > 0 || ps.skip != nil {
 		return false
 	}
 	if e.cfg.ordering == ByPartition {
@@ -116,7 +116,7 @@ func (e *engine) runsOK(ps *partState) bool {
 	}
 	// wideHold == 0: openWide would count a held-off record otherwise,
 	// and enter counts it again.
-	return e.cost.wideOK && (ps.wide || (ps.wideHold == 0 && e.openWide(ps)))
+	return e.cost.WideOK() && (ps.wide || (ps.wideHold == 0 && e.openWide(ps)))
 }
 
 // enterRecords enters prepared records into ps's window: as runs where
@@ -153,7 +153,7 @@ func (e *engine) enterRun(ps *partState, recs []*kgo.Record, meta []recMeta) {
 	if ps.lanes.AdmitWide(t) {
 		e.ready.Push(t)
 	} else if e.cfg.ordering != ByPartition {
-		e.watchWide() // parked behind the lane's running record
+		e.armGuard() // the stuck guard watches: parked behind the lane's running record
 	}
 }
 
@@ -252,12 +252,9 @@ func (e *engine) markRun(t *task, upTo int) {
 		size += run.meta[i].size
 	}
 	n := upTo - run.marked
-	if e.acks {
-		e.accepted = append(e.accepted, run.recs[run.marked:upTo]...)
-	}
+	e.outcomes.FinishedRun(run.recs[run.marked:upTo])
 	run.marked = upTo
 	ps.progress += uint64(n)
-	e.finished += int64(n)
 	e.releaseRecords(ps, size, n)
 	e.askCommit()
 }

@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/kpar/kpar/internal/awake"
 	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/kpar/kpar/internal/window"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -22,8 +23,8 @@ func runEngine(t *testing.T, order Order, lanes ...uint64) (*engine, *partState)
 	t.Helper()
 	const workers = 4
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, order, 1000 })
-	e.awake.limit = 2
-	e.cost.measured(time.Microsecond)
+	e.awake = awake.New(2)
+	e.cost.Measured(time.Microsecond)
 	ps := &partState{tp: tp{topic: "t"}, win: window.New(1000), committed: -1}
 	e.parts[ps.tp] = ps
 	recs := make([]*kgo.Record, len(lanes))
@@ -34,7 +35,9 @@ func runEngine(t *testing.T, order Order, lanes ...uint64) (*engine, *partState)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	ps.bytes, e.bytes, e.pending = int64(len(lanes)), int64(len(lanes)), len(lanes)
+	for range lanes {
+		e.buf.Admit(&ps.buf, 1)
+	}
 	e.enterRecords(ps, recs, meta)
 	return e, ps
 }
@@ -63,7 +66,7 @@ func takeRun(t *testing.T, e *engine, n int) *task {
 // a record that ran through both is stuck.
 func twoGuardTicks() {
 	for range 2 {
-		time.Sleep(awakeTick)
+		time.Sleep(awake.Tick)
 		synctest.Wait()
 	}
 }
@@ -131,7 +134,7 @@ func TestRunFailsAfterTheGuardSplit(t *testing.T) {
 		rt := takeRun(t, e, 2) // record 0 ran, record 1 (key 3) runs and fails
 		// One more record of key 2 waits on the wide lane.
 		e.mu.Lock()
-		ps.bytes, e.bytes, e.pending = ps.bytes+1, e.bytes+1, e.pending+1
+		e.buf.Admit(&ps.buf, 1)
 		e.enterRecords(ps, []*kgo.Record{{Topic: "t", Offset: 6}}, []recMeta{{offset: 6, size: 1, lane: 2}})
 		e.mu.Unlock()
 		twoGuardTicks()

@@ -1,5 +1,7 @@
 package kpar
 
+import "github.com/kpar/kpar/internal/awake"
+
 // schedule makes t ready, or parks it behind its key or partition.
 func (e *engine) schedule(t *task) {
 	ps := t.Value.part
@@ -26,32 +28,22 @@ func (e *engine) schedule(t *task) {
 			return
 		}
 	case Unordered:
-		if e.cost.wideOK && !e.admitKeyed(ps, t) {
+		if e.cost.WideOK() && !e.admitKeyed(ps, t) {
 			return
 		}
 	}
 	e.ready.Push(t)
 }
 
-// wake makes sure an idle worker runs when n records became ready. Called
-// with mu held.
-//
-// It wakes one, and only when no other wake-up is still on its way: a
-// woken worker that leaves ready records behind wakes the next once it
-// runs (see take). So at most one worker is runnable without having run,
-// and the ramp goes as fast as woken workers get a CPU. Without that
-// rule every finish and take signalled another sleeper before the last
-// one ran: an execution trace of kpar bench noop found some 25 workers
-// runnable on average, on two cores. While the handler is cheap it wakes
-// none beyond GOMAXPROCS awake workers (awake.go).
+// wake makes sure an idle worker runs when n records became ready: one,
+// when no other wake-up is on its way, and none beyond the awake cap
+// (internal/awake decides; a woken worker that leaves ready records
+// behind wakes the next once it runs, see take). Called with mu held.
 func (e *engine) wake(n int) {
-	if n > 0 && e.idle > 0 && !e.waking {
-		if e.awakeExcess() >= 0 {
-			e.capped()
-			return
-		}
-		e.idle--
-		e.waking = true
+	switch e.awake.Wake(n, e.cost.Cheap(), e.cfg.concurrency) {
+	case awake.Signal:
 		e.cond.Signal()
+	case awake.Held:
+		e.armGuard()
 	}
 }

@@ -13,21 +13,20 @@ import (
 // backoff that doubles up to 5s, newer outcomes included, so a broker
 // that is down is not hammered.
 
+// What finished records leave for the settle is internal/settle's
+// Outcomes (e.outcomes); the settle that begins clears its request
+// (e.outcomes.Taken, under mu).
+
 // askCommit tells the settler that records finished. Called with mu held;
 // costs a bool test per finished record.
 func (e *engine) askCommit() {
-	if !e.commitAsked {
-		e.commitAsked = true
+	if e.outcomes.Ask() {
 		select {
 		case e.commitWake <- struct{}{}:
 		default:
 		}
 	}
 }
-
-// takeAsked clears the request askCommit made: the settle that follows
-// covers every record finished so far. Called with mu held.
-func (e *engine) takeAsked() { e.commitAsked = false }
 
 func (e *engine) settler(ctx context.Context) {
 	var (

@@ -3,6 +3,7 @@ package kpar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -131,7 +132,7 @@ func (c *cfg) validateShare() error {
 	case c.group != "":
 		return errors.New("kpar: both Group and ShareGroup given: a Consumer is a member of one consumer group or one share group; keep one")
 	case c.ordering == ByPartition:
-		return errors.New("kpar: Ordering(ByPartition) cannot be kept in a share group, which hands one partition's records to many members at once: use ByKey (one record per key at a time in this Consumer) or Unordered, or Group for per-partition order")
+		return errors.New("kpar: Ordering(ByPartition) cannot be kept with ShareGroup: a share group hands one partition's records to many members at once: use ByKey (one record per key at a time in this Consumer) or Unordered, or Group for per-partition order")
 	case len(c.retryTopics) > 0:
 		return errors.New("kpar: RetryTopics is not supported with ShareGroup: failed records are retried while this member holds them (MaxAttempts, RetryBackoff), then go to DeadLetters; use Group for retry topics")
 	case c.instanceID != "":
@@ -142,6 +143,8 @@ func (c *cfg) validateShare() error {
 		return errors.New("kpar: CommitInterval is not supported with ShareGroup: a share group commits no offsets, each record is acknowledged as it finishes (the client batches what it sends); leave it out")
 	case c.explicit&setCommitBudget != 0:
 		return errors.New("kpar: CommitBudget is not supported with ShareGroup: a share group commits no offsets, each record is acknowledged; leave it out")
+	case c.explicit&setGroupProtocol != 0:
+		return fmt.Errorf("kpar: GroupProtocol(%v) is not supported with ShareGroup: a share group's broker assigns its records, there is no consumer-group rebalance protocol to choose; leave it out", c.protocol)
 	case c.explicit&setRevokeTimeout != 0:
 		return errors.New("kpar: RevokeTimeout is not supported with ShareGroup: share groups revoke no partitions, records go back when their locks expire; leave it out")
 	}

@@ -631,7 +631,11 @@ func newBareShare(t *testing.T, cl *kgo.Client, h Handler, opts ...ConsumerOpt) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newShareSource(newEngine(&cons.cfg, cons.handler, cons.batch, &cons.hooks))
+	e, err := newEngine(&cons.cfg, cons.handler, cons.batch, &cons.hooks, consumerSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.src.(*shareSource)
 	s.cl = cl
 	return s
 }

@@ -66,9 +66,6 @@ func newShareSource(e *engine) *shareSource {
 		topics:   make(map[string]struct{}),
 	}
 	s.limit.Store(defaultDeliveryLimit)
-	e.src = s
-	e.acks = true
-	e.keep = s.keepAtShutdown
 	return s
 }
 
@@ -81,7 +78,8 @@ func (s *shareSource) snapshot() ShareStats {
 	s.mu.Unlock()
 	e := s.e
 	e.mu.Lock()
-	st.InFlight, st.Retrying, st.DeadLettered = e.active, len(e.timers), e.deadLettered
+	_, _, dead := e.outcomes.Tally()
+	st.InFlight, st.Retrying, st.DeadLettered = e.active, len(e.timers), dead
 	e.mu.Unlock()
 	st.Group, st.Running = s.cfg.shareGroup, s.live.Load()
 	st.Polls, st.Received, st.Redelivered = s.polls.Load(), s.received.Load(), s.redelivered.Load()
@@ -192,6 +190,7 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 	now := time.Now()
 	limit := s.limit.Load()
 	n := 0
+	var last []*kgo.Record // on their last delivery: logged after the lock
 	s.mu.Lock()
 	fs.EachRecord(func(r *kgo.Record) {
 		n++
@@ -203,7 +202,7 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 			s.maxDelivery.Store(dc) // only admit writes it
 		}
 		if limit > 0 && dc >= limit {
-			s.log.Debug("kpar: record on its last delivery", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery_count", dc)
+			last = append(last, r)
 		}
 		// The time left on the lock stands for its duration: the first
 		// renewal comes early rather than late.
@@ -215,6 +214,9 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 		s.empty = make(chan struct{})
 	}
 	s.mu.Unlock()
+	for _, r := range last {
+		s.log.Debug("kpar: record on its last delivery", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "delivery_count", r.DeliveryCount())
+	}
 	if n == 0 {
 		return
 	}
@@ -227,16 +229,17 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 		}
 		meta := e.prepare(p.Records)
 		e.mu.Lock()
-		e.accept(e.sharePart(p.Topic, p.Partition), p.Records, meta, len(p.Records))
+		e.accept(s.part(p.Topic, p.Partition), p.Records, meta, len(p.Records))
 		e.mu.Unlock()
 	})
 }
 
-// sharePart returns the partState of a share partition, made at its first
+// part returns the partState of a share partition, made at its first
 // record. Its window orders records by arrival (window.NewAcquired): the
 // broker may deliver records again below offsets it delivered before.
 // Called with mu held.
-func (e *engine) sharePart(topic string, partition int32) *partState {
+func (s *shareSource) part(topic string, partition int32) *partState {
+	e := s.e
 	k := tp{topic: topic, partition: partition}
 	ps := e.parts[k]
 	if ps == nil {
@@ -251,9 +254,8 @@ func (e *engine) sharePart(topic string, partition int32) *partState {
 func (s *shareSource) settle(context.Context) error {
 	e := s.e
 	e.mu.Lock()
-	e.takeAsked()
-	accepted, released := e.accepted, e.released
-	e.accepted, e.released = nil, nil
+	e.outcomes.Taken()
+	accepted, released := e.outcomes.TakeAcks()
 	e.mu.Unlock()
 	s.ack(accepted, kgo.AckAccept)
 	s.ack(released, kgo.AckRelease)

@@ -3,6 +3,8 @@ package kpar
 import (
 	"context"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // One pipeline, three sources. Everything between where records come from
@@ -12,20 +14,26 @@ import (
 // rate limits, the stuck guard, dead letters and retry topics, and the
 // shutdown bound. A source is only the part that differs:
 //
-//   - groupSource (group.go, commit.go, rebalance.go): a consumer group
-//     member. It delivers polled records into partition windows and takes
-//     outcomes back as commits of each window start plus the finished
-//     offsets above it.
-//   - shareSource (share.go): a share group member (KIP-932). It delivers
-//     acquired records and takes outcomes back as ACCEPT and RELEASE
-//     acknowledgements, renewing the acquisition locks meanwhile.
-//   - rangeSource (backfill.go): range readers, several per partition, each
-//     assigned at its slice's offset. It delivers slices of a fixed range
-//     and takes outcomes back as the progress file.
+//   - groupSource (group.go, commit.go, rebalance.go, budget.go, txn.go):
+//     a consumer group member. It delivers polled records into partition
+//     windows and takes outcomes back as commits of each window start plus
+//     the finished offsets above it.
+//   - shareSource (sharesource.go; its options in share.go): a share group
+//     member (KIP-932). It delivers acquired records and takes outcomes
+//     back as ACCEPT and RELEASE acknowledgements, renewing the acquisition
+//     locks meanwhile.
+//   - rangeSource (rangesource.go; Backfill in backfill.go): range
+//     readers, several per partition, each assigned at its slice's offset.
+//     It delivers slices of a fixed range and takes outcomes back as the
+//     progress file.
 //
 // Each source gets the same engine, built whole by newEngine; a rule that
 // cannot apply to a source is refused when the consumer is built, never
 // ignored (cfg.validate).
+//
+// A source may also be an acknowledger, whose records are acknowledged
+// one by one and withdrawn at shutdown, and a producer, which writes
+// retry-topic records: newEngine asks once.
 type source interface {
 	// open connects, before any record or goroutine of the pipeline. An
 	// error ends Run (or Backfill) at once.
@@ -51,4 +59,24 @@ type source interface {
 	// last settle, leaving the group, closing the clients. It returns the
 	// last settle's error, which Run reports as ErrFinalCommit.
 	close(ctx context.Context, deadline time.Time) error
+}
+
+// acknowledger is a source that acknowledges each record (share groups):
+// finished records are kept for its settle as ACCEPT, withdrawn ones as
+// RELEASE. keepAtShutdown says which records must run all the same when
+// the others are withdrawn; it is called with engine.mu held.
+type acknowledger interface {
+	source
+	keepAtShutdown(*kgo.Record) bool
+}
+
+// producer writes retry-topic records (retrytopics.go).
+type producer interface {
+	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
+}
+
+// ProduceSync produces through the member's client, which open made
+// before any of the pipeline's goroutines started.
+func (g *groupSource) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	return g.cl.ProduceSync(ctx, rs...)
 }

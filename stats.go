@@ -33,7 +33,7 @@ func (e *engine) stats() []PartitionStats {
 			Held:      ps.held.Len(),
 			Finished:  ps.win.FinishedAbove(),
 			InFlight:  ps.running + queued[ps],
-			Paused:    ps.paused,
+			Paused:    ps.buf.Paused(),
 
 			CommittedFinished: ps.committedMeta,
 			MetadataCut:       ps.metaCut,

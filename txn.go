@@ -99,7 +99,7 @@ func (c *cfg) validateOutputs() error {
 	case c.transactionalID == "" && c.instanceID == "":
 		return errors.New("kpar: ExactlyOnce needs InstanceID or TransactionalID: a stable transactional ID lets a restarted member abort its predecessor's open transaction at once")
 	case c.deadLetters != nil && !isKafkaSink(c.deadLetters):
-		return fmt.Errorf("kpar: ExactlyOnce needs a Kafka dead-letter sink (deadletter.NewKafkaSink), not %T: dead letters join the transaction", c.deadLetters)
+		return fmt.Errorf("kpar: ExactlyOnce needs a Kafka dead-letter sink in DeadLetters (deadletter.NewKafkaSink), not %T: dead letters join the transaction", c.deadLetters)
 	}
 	return nil
 }
@@ -358,34 +358,26 @@ func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, todo
 }
 
 // topicIDs returns the IDs of the topics of offsets, from the metadata,
-// cached: a topic recreated under its name is forgotten (forgetTopic) with
-// its ID.
+// cached (topicids.go: the request runs outside the cache's lock): a topic
+// recreated under its name is forgotten (forgetTopic) with its ID.
 func (g *groupSource) topicIDs(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) (map[string][16]byte, error) {
-	g.idMu.Lock()
-	defer g.idMu.Unlock()
-	var missing []string
-	for topic := range offsets {
-		if _, ok := g.ids[topic]; !ok {
-			missing = append(missing, topic)
-		}
+	ids, missing, gen := g.ids.lookup(offsets)
+	if len(missing) == 0 {
+		return ids, nil
 	}
-	if len(missing) > 0 {
-		tds, err := kadm.NewClient(g.cl).ListTopics(ctx, missing...)
-		if err != nil {
-			return nil, fmt.Errorf("kpar: reading the IDs of the topics to commit: %w", err)
-		}
-		if g.ids == nil {
-			g.ids = make(map[string][16]byte)
-		}
-		for _, topic := range missing {
-			td, ok := tds[topic]
-			if !ok || td.Err != nil {
-				return nil, fmt.Errorf("kpar: reading the ID of topic %q to commit: %v", topic, td.Err)
-			}
-			g.ids[topic] = td.ID
-		}
+	tds, err := kadm.NewClient(g.cl).ListTopics(ctx, missing...)
+	if err != nil {
+		return nil, fmt.Errorf("kpar: reading the IDs of the topics to commit: %w", err)
 	}
-	return g.ids, nil
+	for _, topic := range missing {
+		td, ok := tds[topic]
+		if !ok || td.Err != nil {
+			return nil, fmt.Errorf("kpar: reading the ID of topic %q to commit: %v", topic, td.Err)
+		}
+		ids[topic] = td.ID
+	}
+	g.ids.store(ids, gen)
+	return ids, nil
 }
 
 // cmpOr returns a, or b when a is nil.

@@ -2,7 +2,6 @@ package kpar
 
 import (
 	"hash/maphash"
-	"time"
 )
 
 // Wide lanes. While the handler is tiny (cost.go), a partition
@@ -56,14 +55,14 @@ func (e *engine) admitKeyed(ps *partState, t *task) bool {
 	if ps.lanes.AdmitWide(t) {
 		return true
 	}
-	e.watchWide() // parked behind the lane's running record
+	e.armGuard() // the stuck guard watches: parked behind the lane's running record
 	return false
 }
 
 // openWide opens ps's wide lane if the handler is tiny (or not measured
 // yet) and no lane of ps is busy. Called with mu held.
 func (e *engine) openWide(ps *partState) bool {
-	if !e.cost.tinyOrUnmeasured() || ps.lanes.Busy() != 0 {
+	if !e.cost.TinyOrUnmeasured() || ps.lanes.Busy() != 0 {
 		return false
 	}
 	if ps.wideHold > 0 {
@@ -112,12 +111,4 @@ func (e *engine) laneOf(t *task) uint64 {
 		t.Value.lane = max(maphash.Bytes(e.seed, t.Value.rec.Key), unhashed+1)
 	}
 	return t.Value.lane
-}
-
-// watchWide arms the stuck guard while records wait behind a wide lane's
-// running record. Called with mu held.
-func (e *engine) watchWide() {
-	if e.awake.guard == nil && !e.stop {
-		e.awake.guard = time.AfterFunc(awakeTick, e.guardTick)
-	}
 }

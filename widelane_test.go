@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/kpar/kpar/internal/awake"
 	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -30,8 +31,11 @@ func wideEngineReady(t *testing.T, idle int) (*engine, *partState, []*task) {
 	t.Helper()
 	const workers = 4
 	e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = workers, ByKey, 1000 })
-	e.idle, e.awake.limit = idle, 2
-	e.cost.measured(time.Microsecond)
+	e.awake = awake.New(2)
+	for range idle {
+		e.awake.Sleep()
+	}
+	e.cost.Measured(time.Microsecond)
 	ps := &partState{tp: tp{topic: "t"}}
 	e.parts[ps.tp] = ps
 	var ts []*task
@@ -67,7 +71,7 @@ func readyKeys(e *engine) []uint64 {
 func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 	tick := func(t *testing.T, e *engine) {
 		t.Helper()
-		time.Sleep(awakeTick)
+		time.Sleep(awake.Tick)
 		synctest.Wait()
 	}
 	stopGuard := func(e *engine) {
@@ -96,8 +100,8 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 			e, ps, ts := wideEngine(t, 0) // every worker busy: none to share the partition
 			tick(t, e)
 			e.mu.Lock()
-			if !ps.wide || e.awake.guard == nil {
-				t.Fatalf("after one tick: wide %v, guard armed %v; want the lane kept and the guard watching", ps.wide, e.awake.guard != nil)
+			if !ps.wide || e.guard == nil {
+				t.Fatalf("after one tick: wide %v, guard armed %v; want the lane kept and the guard watching", ps.wide, e.guard != nil)
 			}
 			e.mu.Unlock()
 			tick(t, e)
@@ -119,11 +123,11 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 			// Nothing runs on the wide lane: the guard stops.
 			tick(t, e)
 			e.mu.Lock()
-			if e.awake.guard != nil || !ps.wide {
-				t.Fatalf("guard armed %v, wide %v; want the guard stopped and the lane kept", e.awake.guard != nil, ps.wide)
+			if e.guard != nil || !ps.wide {
+				t.Fatalf("guard armed %v, wide %v; want the guard stopped and the lane kept", e.guard != nil, ps.wide)
 			}
 			e.runs(0, e.ready.Pop())
-			if e.awake.guard == nil {
+			if e.guard == nil {
 				t.Fatal("the wide lane's first record started with records behind it and the guard not armed")
 			}
 			e.mu.Unlock()
@@ -135,9 +139,9 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 	})
 	t.Run("handler of 10µs", func(t *testing.T) {
 		e := testEngine(func(c *cfg) { c.concurrency, c.ordering, c.windowRecords = 4, ByKey, 1000 })
-		e.awake.limit = 2
+		e.awake = awake.New(2)
 		ps := &partState{tp: tp{topic: "t"}}
-		e.cost.measured(10 * time.Microsecond) // cheap for the awake cap, not tiny
+		e.cost.Measured(10 * time.Microsecond) // cheap for the awake cap, not tiny
 		for _, key := range []uint64{2, 3} {
 			tk := &task{}
 			tk.Value.part, tk.Value.lane = ps, key

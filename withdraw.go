@@ -71,7 +71,7 @@ func (e *engine) withdrawHeld(ps *partState) {
 				kept.push(recs[i:i+1], meta[i:i+1])
 				continue
 			}
-			e.released = append(e.released, r)
+			e.outcomes.Released(r)
 			size += meta[i].size
 			n++
 		}
@@ -112,7 +112,7 @@ func (e *engine) withdraw(t *task) (next *task) {
 		for i := run.marked; i < end; i++ {
 			ps.win.Done(t.Value.seq + window.Seq(i))
 			size += run.meta[i].size
-			e.released = append(e.released, run.recs[i])
+			e.outcomes.Released(run.recs[i])
 		}
 		n := end - run.marked
 		run.marked = end
@@ -120,7 +120,7 @@ func (e *engine) withdraw(t *task) (next *task) {
 		t.Value.rec, run.recs = nil, nil
 	} else {
 		ps.win.Done(t.Value.seq)
-		e.released = append(e.released, t.Value.rec)
+		e.outcomes.Released(t.Value.rec)
 		e.release(ps, t)
 	}
 	e.askCommit()

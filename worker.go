@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar/internal/cost"
 )
 
 // maxTake bounds how many records a worker runs in a row, its key's
@@ -25,11 +27,13 @@ func (e *engine) worker(ctx context.Context, slot int) {
 	for {
 		for (e.ready.Len() == 0 || e.limited() || e.awakeExcess() > 0) && !e.stop {
 			if e.ready.Len() > 0 && e.awakeExcess() > 0 {
-				e.capped() // asleep with records ready: the guard watches the rest
+				// Asleep with records ready: the guard watches the rest.
+				e.awake.Hold()
+				e.armGuard()
 			}
-			e.idle++
+			e.awake.Sleep()
 			e.cond.Wait()
-			e.waking = false // wake took this worker off idle
+			e.awake.Woken() // wake took this worker off idle
 		}
 		if e.stop {
 			e.mu.Unlock()
@@ -51,7 +55,7 @@ func (e *engine) worker(ctx context.Context, slot int) {
 		} else {
 			perRecord = e.runEach(ctx, slot, batch[0], perRecord)
 			batch[0] = nil
-			e.cost.measured(perRecord)
+			e.cost.Measured(perRecord)
 		}
 	}
 }
@@ -68,7 +72,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 	// reading, which would otherwise cost more than the handler. If the
 	// shared context is cancelled (the run went past AttemptTimeout), the
 	// rest get contexts of their own.
-	fast := workerFast(perRecord)
+	fast := cost.WorkerFast(perRecord)
 	var shared *attemptCtx
 	at := start
 	ran, steps := 0, 0 // records run, and tasks (a run is one)
@@ -313,9 +317,9 @@ func isLaned(o Order, t *task) bool {
 // watch t if records wait behind it on a wide lane. Called with mu held.
 func (e *engine) runs(slot int, t *task) {
 	t.Value.attempts++
-	e.running[slot] = slotRecord{t, e.awake.tick}
+	e.running[slot] = slotRecord{t, e.awake.Stamp()}
 	if t.Wide() && (t.Value.part.lanes.WideParked() > 0 || t.Value.run != nil) {
-		e.watchWide() // records wait behind this one
+		e.armGuard() // the stuck guard watches: records wait behind this one
 	}
 }
 
@@ -457,13 +461,7 @@ func (e *engine) complete(t *task) (next *task) {
 	if t.Value.run == nil {
 		ps.win.Done(t.Value.seq)
 		ps.progress++
-		e.finished++
-		if t.Value.x != nil {
-			e.failedFinished++
-		}
-		if e.acks {
-			e.accepted = append(e.accepted, t.Value.rec)
-		}
+		e.outcomes.Finished(t.Value.rec, t.Value.x != nil)
 		e.pendOutputs(ps, t)
 	} // a run's records were marked finished by markRun
 	e.askCommit()
@@ -494,8 +492,8 @@ func (e *engine) refill(ps *partState) {
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}
-	if ps.heldFull && ps.held.Len() <= ps.heldCap(e.cfg.windowRecords)/2 {
-		ps.heldFull = false
+	if ps.buf.HeldFull() && ps.held.Len() <= ps.heldCap(e.cfg.windowRecords)/2 {
+		ps.buf.SetHeldFull(false)
 		e.syncPause(ps)
 	}
 }
@@ -503,21 +501,13 @@ func (e *engine) refill(ps *partState) {
 // release returns a finished record's budget. Called with mu held.
 func (e *engine) release(ps *partState, t *task) {
 	t.Value.rec = nil // the task's chunk outlives the record; let the record go
-	e.releaseBytes(ps, t.Value.size)
+	e.releaseRecords(ps, t.Value.size, 1)
 }
-
-// releaseBytes returns the budget of a finished record of size bytes.
-// Called with mu held.
-func (e *engine) releaseBytes(ps *partState, size int64) { e.releaseRecords(ps, size, 1) }
 
 // releaseRecords returns the budget of n finished records of size bytes
 // in all. Called with mu held.
 func (e *engine) releaseRecords(ps *partState, size int64, n int) {
-	ps.bytes -= size
-	e.bytes -= size
-	e.pending -= n
-	if ps.overBudget && ps.bytes-ps.waiting <= e.budgetShare()/2 {
-		ps.overBudget = false
+	if e.buf.Finish(&ps.buf, size, n, len(e.parts)) {
 		e.syncPause(ps)
 	}
 	e.budgetFreed()
@@ -535,10 +525,10 @@ func (e *engine) wakePoller() {
 // budgetFreed wakes the poller or the drain when they wait for it. Called
 // with mu held.
 func (e *engine) budgetFreed() {
-	if e.bytes < e.cfg.maxBytes {
+	if !e.buf.Full() {
 		e.wakePoller()
 	}
-	if e.draining && e.pending == 0 && e.drained != nil {
+	if e.buf.Drained() && e.drained != nil {
 		close(e.drained)
 		e.drained = nil
 	}

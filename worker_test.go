@@ -30,7 +30,7 @@ func TestWorkerChainsNoRecordAfterStop(t *testing.T) {
 	})
 	c := defaultCfg()
 	c.ordering, c.concurrency = ByPartition, 1
-	e = newEngine(&c, h, nil, &hooks{})
+	e = testEngineOf(t, &c, h)
 	ps := &partState{tp: tp{topic: "t"}, win: window.New(c.windowRecords), committed: -1, resumeAt: -1}
 	e.parts[ps.tp] = ps
 	recs := make([]*kgo.Record, 100)

@@ -30,7 +30,7 @@ type answerItem struct {
 // answerShape is what a 2xx batch answer may be, for the error of one
 // that is not.
 const answerShape = `want an empty body, or a JSON array with one item per record in request order, ` +
-	`each a status code (200) or an object {"status": 422, "error": "why", "retry_after": seconds, "reply": any JSON}`
+	`each a status code (200 to 599) or an object {"status": 422, "error": "why", "retry_after": seconds, "reply": any JSON}`
 
 // readAnswers reads a 2xx batch answer of n records: nil for an empty body
 // (all done), else one answer per record. It closes the body. Its error
@@ -81,7 +81,7 @@ func readAnswer(raw json.RawMessage, maxRetryAfter time.Duration) (answer, error
 		if err := json.Unmarshal(raw, &a.status); err != nil {
 			return a, fmt.Errorf("is %s, neither a status code nor an object", excerpt(raw))
 		}
-		return a, nil
+		return a, checkItemStatus(a.status)
 	}
 	var it answerItem
 	if err := json.Unmarshal(raw, &it); err != nil {
@@ -91,6 +91,9 @@ func readAnswer(raw json.RawMessage, maxRetryAfter time.Duration) (answer, error
 		return a, fmt.Errorf(`has no "status"`)
 	}
 	a.status = *it.Status
+	if err := checkItemStatus(a.status); err != nil {
+		return a, err
+	}
 	if len(it.Error) > 0 && string(it.Error) != "null" {
 		var s string
 		if json.Unmarshal(it.Error, &s) != nil {
@@ -109,6 +112,19 @@ func readAnswer(raw json.RawMessage, maxRetryAfter time.Duration) (answer, error
 		a.retryAfter = min(d, maxRetryAfter)
 	}
 	return a, nil
+}
+
+// checkItemStatus refuses an item status that is no final HTTP status,
+// such as 999 or -5: read as a record's own answer it would be retried
+// like a 5xx (classify retries what it does not know), hiding an endpoint
+// bug behind retries and, in the end, dead letters for records that
+// nothing was wrong with. It makes the whole answer malformed instead,
+// like any other answer of the wrong shape.
+func checkItemStatus(status int) error {
+	if status < 200 || status > 599 {
+		return fmt.Errorf("has status %d, not a final HTTP status (200 to 599)", status)
+	}
+	return nil
 }
 
 // excerpt is the start of b for an error message.

@@ -66,6 +66,9 @@ func TestForwardBatchAnswerOfAnotherShapeNamesTheShape(t *testing.T) {
 		{"strings", `["SUCCESS", "SUCCESS", "RETRY"]`, `item 0 (from 0) is "SUCCESS"`},
 		{"no status", `[{"ok": 1}, 200, 200]`, `item 0 (from 0) has no "status"`},
 		{"status as text", `[200, {"status": "200"}, 200]`, "item 1 (from 0) is an object whose fields do not fit"},
+		{"status 999", `[200, 999, 200]`, "item 1 (from 0) has status 999, not a final HTTP status (200 to 599)"},
+		{"status -5 in an object", `[200, 200, {"status": -5, "error": "oops"}]`, "item 2 (from 0) has status -5, not a final HTTP status"},
+		{"status 100", `[100, 200, 200]`, "item 0 (from 0) has status 100, not a final HTTP status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := batchServer(t, func(w http.ResponseWriter, b []BatchRecord) { io.WriteString(w, tc.body) })

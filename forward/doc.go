@@ -127,8 +127,9 @@
 //	timeout                  kpar.Overloaded, unless the endpoint answered
 //	                         another request 2xx while this one waited:
 //	                         then retryable (it is this record that hangs)
-//	certificate not valid    *TLSError, retryable, never Overloaded: a
-//	                         configuration error (see CheckTLS)
+//	certificate not valid    *TLSError, kpar.Misconfigured: records are held
+//	                         (no attempt counted, nothing dead-lettered) and
+//	                         the log says what to fix at ERROR (see CheckTLS)
 //
 // A timeout is the end of the context's deadline (kpar's AttemptTimeout,
 // or Timeout) or the client's own. Errors carry a *StatusError when the

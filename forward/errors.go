@@ -63,11 +63,12 @@ func (e *StatusError) Error() string {
 
 // TLSError is a request that failed because the endpoint's certificate
 // did not verify (or the endpoint does not speak TLS at all): a
-// configuration error, not an overloaded endpoint, so Handle returns it
-// without kpar.Overloaded. It is retryable (a certificate can be renewed
-// while kpar runs, a load balancer may have one bad backend), so a record
-// that keeps meeting it is dead-lettered after its attempts. CheckTLS finds
-// it before the first record.
+// configuration error, not the record's fault, so Handle returns it marked
+// kpar.Misconfigured. kpar holds the records (no attempt counted, nothing
+// dead-lettered), probes the endpoint ever more slowly, logs at ERROR what
+// to fix, and goes on once the certificate verifies again (it was renewed,
+// or the trusted CA was added; a load balancer's bad backend was taken
+// out). CheckTLS finds it before the first record.
 type TLSError struct {
 	Host string // the URL's host:port
 	Err  error  // the TLS or x509 error
@@ -139,8 +140,9 @@ func (h *Handler) classify(serr *StatusError, retryAfter string) error {
 // transportError classifies a request that got no answer. started is
 // h.answered when it was sent.
 //
-//   - A certificate that does not verify is a *TLSError: retryable, never
-//     Overloaded (a configuration error must not look like an outage).
+//   - A certificate that does not verify is a *TLSError marked
+//     kpar.Misconfigured: held and logged as a configuration error, never
+//     dead-lettered (it is not the record's fault).
 //   - A timeout (ctx's deadline: kpar's AttemptTimeout or Timeout; or the
 //     client's own) is the endpoint not keeping up, kpar.Overloaded, so
 //     that an endpoint that hangs burns no attempt while kpar backs off;
@@ -154,7 +156,7 @@ func (h *Handler) classify(serr *StatusError, retryAfter string) error {
 //     record's attempts burnt and dead-lettered.
 func (h *Handler) transportError(ctx context.Context, started uint64, err error) error {
 	if tlsProblem(err) {
-		return &TLSError{Host: h.url.Host, Err: unwrapURLError(err)}
+		return kpar.Misconfigured(&TLSError{Host: h.url.Host, Err: unwrapURLError(err)})
 	}
 	if errors.As(err, new(redirectError)) {
 		return err // the endpoint answered: not an outage

@@ -122,7 +122,8 @@ func TestForwardCancelledAttemptIsNotOverloaded(t *testing.T) {
 }
 
 // A certificate that does not verify is a configuration error: said so,
-// with the host and the x509 reason, and never Overloaded or Permanent.
+// with the host and the x509 reason, marked Misconfigured (held, not the
+// record's fault), never Permanent.
 func TestForwardCertificateErrorIsAConfigurationError(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	srv.Config.ErrorLog = quietLog()
@@ -131,8 +132,8 @@ func TestForwardCertificateErrorIsAConfigurationError(t *testing.T) {
 	h := newHandler(t, srv.URL)
 	err := h.Handle(t.Context(), &kgo.Record{Topic: "t"})
 	var te *TLSError
-	if !errors.As(err, &te) || kpar.IsOverloaded(err) || kpar.IsPermanent(err) {
-		t.Fatalf("err %v, want a *TLSError, neither Overloaded nor Permanent", err)
+	if !errors.As(err, &te) || !kpar.IsMisconfigured(err) || kpar.IsPermanent(err) {
+		t.Fatalf("err %v, want a *TLSError marked Misconfigured, not Permanent", err)
 	}
 	host := srv.Listener.Addr().String()
 	for _, s := range []string{host, "x509: certificate signed by unknown authority", "configuration error", "--url-ca"} {

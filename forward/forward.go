@@ -255,7 +255,8 @@ func (h *Handler) CloseIdleConnections() { h.client.CloseIdleConnections() }
 // that retrying cannot change, kpar.Overloaded for a 429 or 503 (with
 // kpar.RetryAfter when it asked for a wait), for a request that got no
 // answer and for a timeout (see the package documentation), a *TLSError
-// for a certificate that does not verify, a plain error otherwise.
+// marked kpar.Misconfigured for a certificate that does not verify, a
+// plain error otherwise.
 func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	if h.batch != nil {
 		return h.batch.handle(ctx, r)

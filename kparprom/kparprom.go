@@ -109,9 +109,10 @@ var (
 // Metrics collects a Consumer's metrics. Pass it to kpar.WithHooks, and its
 // ClientOpts to kpar.ClientOptions. Its methods are safe for concurrent use.
 type Metrics struct {
-	cfg   cfg
-	reg   RegistererGatherer
-	kprom *kprom.Metrics
+	cfg     cfg
+	reg     RegistererGatherer
+	kprom   *kprom.Metrics
+	clients *sharedClient // m.kprom for every client of the Consumer: clients.go
 
 	attempts     *prometheus.CounterVec   // topic
 	retried      *prometheus.CounterVec   // topic
@@ -199,6 +200,7 @@ func New(opts ...Opt) *Metrics {
 
 	kopts := append([]kprom.Opt{kprom.Registry(c.reg), kprom.Subsystem("client")}, c.clientOpts...)
 	m.kprom = kprom.NewMetrics(ns, kopts...)
+	m.clients = &sharedClient{k: m.kprom}
 	return m
 }
 
@@ -214,10 +216,11 @@ func (m *Metrics) Handler() http.Handler {
 // ClientOpts returns the franz-go options to give the Consumer's client
 // through kpar.ClientOptions: hooks for franz-go's kprom metrics
 // (<namespace>_client_*), for the client that lists high watermarks (commit
-// lag), and for group errors (readiness). Give them to one Consumer only:
-// kprom registers the client's metrics once per Metrics.
+// lag), and for group errors (readiness). Give them to one Consumer only;
+// the clients it builds from them (the group's, the producer of its
+// outputs) share one set of client metrics.
 func (m *Metrics) ClientOpts() []kgo.Opt {
-	return []kgo.Opt{kgo.WithHooks(m.kprom, &clientHooks{m})}
+	return []kgo.Opt{kgo.WithHooks(m.clients, &clientHooks{m})}
 }
 
 // Totals counts what the hooks saw since New.

@@ -18,10 +18,11 @@ import (
 // endpoint, as forward does, with several readers per partition and no
 // consumer group (kpar.Backfill).
 //
-// It exits 0 with a one-line summary once the range is done, 1 when it
-// cannot finish (brokers unreachable, a fatal client error, stopped by a
-// signal: the progress is saved then), and 2 for bad usage, a bad range or
-// a progress file of another range.
+// It exits 0 with a one-line summary once the range is done, 3 when it is
+// done but dead-lettered records on the way (exitDeadLettered, unless
+// --allow-dead-letters), 1 when it cannot finish (brokers unreachable, a
+// fatal client error, stopped by a signal: the progress is saved then),
+// and 2 for bad usage, a bad range or a progress file of another range.
 func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("backfill", ` --brokers LIST --topic T --from X --to Y --url URL
 
@@ -38,7 +39,12 @@ time, per partition). Records are handled in any order. With --progress,
 the finished part of each slice is saved there (atomically, fsynced) and a
 second run with the same file and range resumes where the first stopped.
 SIGINT or SIGTERM finishes in-flight requests, saves the progress and
-exits 1.`, stderr)
+exits 1.
+
+Exit codes: 0 done, every record handled by the endpoint; 3 done, but
+this run dead-lettered records (the summary counts them; give
+--allow-dead-letters to exit 0 then); 1 cannot finish or stopped; 2 bad
+usage or range.`, stderr)
 	brokers := fs.String("brokers", "", "comma-separated seed brokers `host:port,...` (required)")
 	topic := fs.String("topic", "", "topic `T` to read (required)")
 	partitions := fs.String("partitions", "", "comma-separated `LIST` of partitions to read (default every partition)")
@@ -52,8 +58,10 @@ exits 1.`, stderr)
 	progressFile := fs.String("progress", "", "keep the progress in `FILE` and resume from it (default none: a new run starts over)")
 	progressInterval := fs.Duration("progress-interval", time.Second, "save the progress at most this often (and at the end)")
 	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered")
+	limits := addLimitFlags(fs) // forward_limits.go
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`, as kpar forward's: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (default the cluster read, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq)")
+	allowDeadLetters := fs.Bool("allow-dead-letters", false, "exit 0 when the range is done even if records were dead-lettered (default: exit 3 then, so that a pipeline notices)")
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
 	typed := addTypedFlags(fs, false) // typed.go
@@ -86,6 +94,9 @@ exits 1.`, stderr)
 		return fs.usageError("invalid --progress-interval %v: want more than 0", *progressInterval)
 	}
 	if code, ok := att.check(fs); !ok {
+		return code
+	}
+	if code, ok := limits.check(fs); !ok {
 		return code
 	}
 	if code, ok := req.check(fs); !ok {
@@ -155,12 +166,16 @@ exits 1.`, stderr)
 	for _, o := range att.opts() {
 		opts = append(opts, o)
 	}
+	for _, o := range limits.opts() {
+		opts = append(opts, o)
+	}
 	if *progressFile != "" {
 		opts = append(opts, kpar.ProgressFile(*progressFile))
 	}
 	log.Info("kpar backfill starting", append([]any{"brokers", strings.Join(seeds, ","), "topic", *topic,
 		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
-		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe()}, append(typedAttrs, h.attrs()...)...)...)
+		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe(),
+		"max_buffered_bytes", limits.maxBuffered.String()}, append(typedAttrs, h.attrs()...)...)...)
 
 	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
 		return code
@@ -191,7 +206,7 @@ exits 1.`, stderr)
 		return fail("kpar backfill: stopped", err)
 	}
 	fmt.Fprintf(stdout, "kpar backfill: done: %s\n", summary(res))
-	return 0
+	return deadLetteredExit(res, *allowDeadLetters, sink, stderr)
 }
 
 // summary is the one-line account of a backfill run, in records (not

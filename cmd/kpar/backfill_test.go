@@ -136,7 +136,8 @@ func TestBackfillSIGKILLAndResumeLosesNothing(t *testing.T) {
 
 // TestBackfillDeadLettersToAFile: `kpar backfill --dead-letters file://`
 // writes the records the endpoint refuses (400) to the file, one JSON line
-// each, and its summary counts them.
+// each, its summary counts them, and it exits 3 (it exited 0, so a
+// pipeline did not notice); with --allow-dead-letters the same run exits 0.
 func TestBackfillDeadLettersToAFile(t *testing.T) {
 	t.Parallel()
 	bin, ctx := e2e(t, time.Minute)
@@ -153,11 +154,19 @@ func TestBackfillDeadLettersToAFile(t *testing.T) {
 	var stdout bytes.Buffer
 	p := startBackfill(ctx, t, bin, &stdout, "--brokers", addr, "--topic", "bfdl", "--from", "0", "--to", strconv.Itoa(n),
 		"--url", ep.srv.URL, "--dead-letters", "file://"+file)
-	if code := p.wait(ctx, t); code != 0 {
-		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, tail(p.stderr))
+	if code := p.wait(ctx, t); code != 3 {
+		t.Fatalf("exit code %d, want 3 (done, with dead letters); stderr:\n%s", code, tail(p.stderr))
 	}
 	if !strings.Contains(stdout.String(), ", 10 dead-lettered, ") {
 		t.Errorf("summary %q, want 10 dead-lettered", strings.TrimSpace(stdout.String()))
+	}
+	if want := "10 of 100 records were dead-lettered (to file://" + file + "): exit 3"; !strings.Contains(p.stderr.String(), want) {
+		t.Errorf("stderr does not say %q:\n%s", want, tail(p.stderr))
+	}
+	allowed := startBackfill(ctx, t, bin, io.Discard, "--brokers", addr, "--topic", "bfdl", "--from", "0", "--to", strconv.Itoa(n),
+		"--url", ep.srv.URL, "--dead-letters", "file://"+filepath.Join(t.TempDir(), "again.jsonl"), "--allow-dead-letters")
+	if code := allowed.wait(ctx, t); code != 0 {
+		t.Errorf("with --allow-dead-letters: exit code %d, want 0; stderr:\n%s", code, tail(allowed.stderr))
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {

@@ -31,13 +31,21 @@ share.auto.offset.reset is earliest; kpar forward --share-group sets that on
 a group that has none. Consumer groups of the consumer protocol (KIP-848,
 kpar forward --group-protocol consumer) get their session timeout and
 heartbeat interval from the broker: --consumer-session-timeout and
---consumer-heartbeat-interval.`, stderr)
+--consumer-heartbeat-interval.
+
+Share groups and --data-dir: the broker saves a share group's progress
+(which records were acknowledged) only when it stops on SIGINT or SIGTERM.
+After a kill -9 or a crash it is lost, so kpar broker refuses to start on
+that directory (exit 1, naming the groups) rather than let their members
+silently skip records; --forget-share-groups starts it anyway, the groups
+afresh.`, stderr)
 	listen := fs.String("listen", "127.0.0.1:9092", "loopback `host:port` to listen on; port 0 picks a free port")
 	partitions := fs.Int("partitions", 8, "partitions of each auto-created topic")
 	dataDir := fs.String("data-dir", "", "keep topics, records and group offsets in `DIR` across restarts (default in memory)")
 	lock := fs.Duration("share-lock-duration", 30*time.Second, "how long a share-group member holds a record it did not acknowledge (group.share.record.lock.duration.ms; at least 1s); short ones make tests fast")
 	deliveries := fs.Int("share-delivery-limit", 5, "deliveries of a share-group record before the broker archives it (group.share.delivery.count.limit, 2 to 10)")
 	session := fs.Duration("consumer-session-timeout", 45*time.Second, "how long a consumer-protocol group waits for a silent member before moving its partitions (group.consumer.session.timeout.ms; Kafka's default); --session-timeout of kpar forward does not apply in that protocol")
+	forgetShare := fs.Bool("forget-share-groups", false, "start on a --data-dir whose broker served share groups and did not stop cleanly (kill -9, a crash), dropping those groups: they start afresh (by default kpar broker refuses, since their progress is lost)")
 	heartbeat := fs.Duration("consumer-heartbeat-interval", time.Second, "how often consumer-protocol members heartbeat, and so how soon they learn a new assignment (group.consumer.heartbeat.interval.ms; Kafka's default is 5s)")
 	registry := addBrokerRegistryFlag(fs) // broker_registry.go
 	if code, ok := fs.parse(args); !ok {
@@ -62,10 +70,20 @@ heartbeat interval from the broker: --consumer-session-timeout and
 	if *heartbeat < 100*time.Millisecond || *heartbeat >= *session {
 		return fs.usageError("invalid --consumer-heartbeat-interval %v: want 100ms or more, below --consumer-session-timeout (%v)", *heartbeat, *session)
 	}
+	if *forgetShare && *dataDir == "" {
+		return fs.usageError("invalid --forget-share-groups: it needs --data-dir")
+	}
 	if *deliveries < 2 || *deliveries > 10 {
 		return fs.usageError("invalid --share-delivery-limit %d: want 2 to 10, as Kafka allows", *deliveries)
 	}
 
+	var guard *shareGuard // broker_share.go
+	if *dataDir != "" {
+		if guard, err = guardShareGroups(*dataDir, *forgetShare, stderr); err != nil {
+			fmt.Fprintf(stderr, "kpar broker: %v\n", err)
+			return 1
+		}
+	}
 	c, err := embedded.Start(embedded.Config{
 		Addr:       addr,
 		Partitions: *partitions,
@@ -87,6 +105,9 @@ heartbeat interval from the broker: --consumer-session-timeout and
 		fmt.Fprintf(stderr, "kpar broker: %v\n", err)
 		return 1
 	}
+	if guard != nil {
+		guard.watch(c.Cluster)
+	}
 	fmt.Fprintf(stdout, "kpar broker listening on %s\n", c.Addr())
 	if *registry != "" {
 		stop, err := serveRegistry(*registry, stdout)
@@ -100,7 +121,14 @@ heartbeat interval from the broker: --consumer-session-timeout and
 
 	<-ctx.Done()
 	// With --data-dir, Close saves what kfake only writes at shutdown
-	// (partition snapshots, group members) and closes the files.
+	// (partition snapshots, group members, share groups' progress) and
+	// closes the files.
 	c.Close()
+	if guard != nil {
+		if err := guard.stopped(); err != nil {
+			fmt.Fprintf(stderr, "kpar broker: noting the clean stop in %s: %v; the next start will refuse the share groups (--forget-share-groups)\n", guard.path, err)
+			return 1
+		}
+	}
 	return 0
 }

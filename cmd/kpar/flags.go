@@ -140,6 +140,7 @@ func (f *flagSet) forwarder(target string, sec *securityOpts, opts ...forward.Op
 type attemptFlags struct {
 	maxAttempts                                *int
 	backoff, backoffMax, timeout, shutdownWait *time.Duration
+	hangLimit                                  *time.Duration // kpar.HangLimit (hang.go)
 }
 
 // addAttemptFlags defines the attempt flags on fs; maxAttemptsHelp says
@@ -151,6 +152,8 @@ func addAttemptFlags(fs *flagSet, maxAttemptsHelp string) attemptFlags {
 		backoffMax:   fs.Duration("retry-backoff-max", 10*time.Second, "cap of the backoff between attempts"),
 		timeout:      fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included"),
 		shutdownWait: fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled"),
+		hangLimit: fs.Duration("hang-limit", 2*time.Minute, "a record whose requests keep timing out while the endpoint answers other records is dead-lettered (class timeout, \"hung the downstream\") within `D` of the last answer; "+
+			"while other records time out or are refused too, the endpoint is down and nothing is dead-lettered; 0 holds such a record until it succeeds"),
 	}
 }
 
@@ -165,6 +168,8 @@ func (a attemptFlags) check(fs *flagSet) (code int, ok bool) {
 		return fs.usageError("invalid --retry-backoff-max %v: want at least --retry-backoff (%v)", *a.backoffMax, *a.backoff), false
 	case *a.timeout <= 0:
 		return fs.usageError("invalid --attempt-timeout %v: want more than 0", *a.timeout), false
+	case *a.hangLimit < 0:
+		return fs.usageError("invalid --hang-limit %v: want 0 (off) or more", *a.hangLimit), false
 	case *a.shutdownWait <= 0:
 		return fs.usageError("invalid --shutdown-timeout %v: want more than 0", *a.shutdownWait), false
 	}
@@ -178,5 +183,6 @@ func (a attemptFlags) opts() []kpar.FlowOpt {
 		kpar.RetryBackoff(*a.backoff, *a.backoffMax),
 		kpar.AttemptTimeout(*a.timeout),
 		kpar.ShutdownTimeout(*a.shutdownWait),
+		kpar.HangLimit(*a.hangLimit),
 	}
 }

@@ -121,8 +121,10 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order, `MODE`: key (one record per key and partition at a time), partition, or unordered")
 	concurrency := fs.Int("concurrency", 64, "records in flight at once, and the size of the keep-alive connection pool (with --batch N, default 8N)")
 	att := addAttemptFlags(fs, "attempts per record before it is dead-lettered (or sent to the next retry topic)")
+	limits := addLimitFlags(fs) // forward_limits.go
 	replyTopic := fs.String("reply-topic", "", "make the body of each 2xx answer a record on `TOPIC`, keyed like its input (204 or an empty body: none; with --batch, each answer item's \"reply\"), produced at least once, or exactly once with --exactly-once")
 	exactlyOnce := fs.Bool("exactly-once", false, "produce the replies (and the dead letters and retry-topic records) in one Kafka transaction with the commit of their inputs: a read_committed reader sees each exactly once; needs --group and a Kafka dead-letter sink, and a transactional ID: <group>-<--instance-id>, else <group>-<host name> (one forwarder per host)")
+	txn := addTxnFlags(fs) // forward_txn.go
 	retryTopics := fs.String("retry-topics", "", "comma-separated `DELAYS` (1s,30s): after --max-attempts a record goes to <topic>.retry.1, due 1s later, then <topic>.retry.2, ..., then the dead letters; the main topic is not held up")
 	deadLetters := fs.String("dead-letters", "", "dead-letter sink `URL`: kafka://HOST:PORT[,...][/TOPIC], file://PATH (JSON Lines), or postgres://... / postgresql://... (kpar_table=NAME for a table other than kpar_dead_letters) (default the consumed cluster, --dlq-topic)")
 	dlqTopic := fs.String("dlq-topic", "", "dead-letter `TOPIC` of a Kafka sink (default <topic>.dlq for each topic)")
@@ -135,9 +137,10 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	commitBudget := fs.Float64("commit-budget", 1000, "at most `N` OffsetCommit requests a second from the whole group to its coordinator: each member spaces its commits by its partitions' share of it, when that is more than --commit-interval (16 members: each at most ~62/s); 0: no budget")
 	var protocol kpar.Protocol
 	fs.TextVar(&protocol, "group-protocol", kpar.ClassicProtocol, "the consumer group's protocol, `P`: classic (JoinGroup/SyncGroup, every Kafka) or consumer (KIP-848, Kafka 4.0+: the broker assigns, no group-wide rebalance barrier; falls back to classic on older brokers)")
-	instanceID := fs.String("instance-id", "", "static group membership (KIP-345): a member restarted with the same `ID` within --session-timeout gets its partitions back at once, without a rebalance; give every member its own")
+	instanceID := fs.String("instance-id", "", "static group membership (KIP-345) under `ID`; give every member its own. Classic protocol: a member restarted with it within --session-timeout, after a clean stop or a kill -9, gets its partitions back at once, without a rebalance (meanwhile they wait for it). Consumer protocol: at once only after a clean stop; after a kill -9 the broker holds the ID until the dead member's session expires (45s by default: UNRELEASED_INSTANCE_ID), no sooner than without it. Also names the --exactly-once transactional ID")
 	sessionTimeout := fs.Duration("session-timeout", 45*time.Second, "how long the group waits for a crashed member before giving its partitions to the others (brokers allow 6s to 30m by default); classic protocol only: in the consumer protocol the broker sets it (group.consumer.session.timeout.ms, kpar broker --consumer-session-timeout)")
 	rebalanceTimeout := fs.Duration("rebalance-timeout", time.Minute, "how long a rebalance waits for the members to rejoin: a member that dies mid-rebalance holds the group (and its commits) this long; more than the 10s a revoke may wait for running records")
+	metadataMaxAge := addMetadataMaxAge(fs) // forward_metadata.go
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics, the status page, /healthz and /readyz on `host:port` (default off)")
 	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
@@ -206,6 +209,15 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		return code
 	}
 	if code, ok := att.check(fs); !ok {
+		return code
+	}
+	if code, ok := limits.check(fs); !ok {
+		return code
+	}
+	if code, ok := txn.check(fs, *exactlyOnce); !ok {
+		return code
+	}
+	if code, ok := checkMetadataMaxAge(fs, *metadataMaxAge); !ok {
 		return code
 	}
 	retryDelays, err := parseDelays(*retryTopics)
@@ -327,10 +339,15 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		kpar.WithLogger(log),
 	}
 	opts = append(opts, membership...)
+	opts = append(opts, txn.opts(*exactlyOnce)...)
+	opts = append(opts, metadataOpts(*metadataMaxAge)...)
 	for _, o := range att.opts() {
 		opts = append(opts, o)
 	}
 	for _, o := range rateOpts {
+		opts = append(opts, o)
+	}
+	for _, o := range limits.opts() {
 		opts = append(opts, o)
 	}
 	if *adaptive {
@@ -385,6 +402,9 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 		"dead_letters", sink.describe(), "tls", sec.usesTLS(),
 	}
 	attrs = append(attrs, contentTypeAttrs(*req.batch, *req.contentType)...)
+	attrs = append(attrs, limits.attrs()...)
+	attrs = append(attrs, txn.attrs(*exactlyOnce)...)
+	attrs = append(attrs, "metadata_max_age", *metadataMaxAge)
 	if !share {
 		attrs = append(attrs, "group_protocol", protocol.String())
 	}

@@ -94,8 +94,19 @@ type stallWatch struct {
 	commits  atomic.Int64 // commits that moved an offset
 	attempt  atomic.Pointer[failure]
 	sink     atomic.Pointer[failure]
-	cl       atomic.Pointer[groupClient] // the Consumer's client, for lag
-	brokers  *brokerWatch                // unreachable brokers: brokerwatch.go; nil for none
+	// refused is the first attempt the downstream refused for a
+	// configuration error (kpar.Misconfigured: a certificate that stopped
+	// verifying) since a record last finished, with the latest such
+	// error; nil when a record finished since. The member is not ready
+	// while it is set: records are held until an operator fixes it.
+	refused atomic.Pointer[refusal]
+	// answers is when the brokers last answered, and the first failure to
+	// reach one since (brokers.go): readiness through an outage of a
+	// running member. brokers (brokerwatch.go) logs unreachable brokers
+	// and refuses readiness while every address it tried fails.
+	answers brokerAnswers
+	brokers *brokerWatch                // nil for none
+	cl      atomic.Pointer[groupClient] // the Consumer's client, for lag
 
 	commitMu  sync.Mutex // guards committed
 	committed map[string]map[int32]int64
@@ -147,14 +158,33 @@ func (p *stallWatch) opts() []kpar.ConsumerOpt {
 }
 
 // OnRecordDone implements kpar.HookRecordDone.
-func (p *stallWatch) OnRecordDone(*kgo.Record, int, time.Duration) { p.finished.Add(1) }
+func (p *stallWatch) OnRecordDone(*kgo.Record, int, time.Duration) {
+	p.finished.Add(1)
+	if p.refused.Load() != nil {
+		p.refused.Store(nil)
+	}
+}
 
 // OnDeadLettered implements kpar.HookDeadLettered.
 func (p *stallWatch) OnDeadLettered(deadletter.Letter) { p.finished.Add(1) }
 
 // OnAttemptFailed implements kpar.HookAttemptFailed.
 func (p *stallWatch) OnAttemptFailed(_ *kgo.Record, _ int, err error, _ time.Duration) {
-	p.attempt.Store(&failure{time.Now(), err.Error()})
+	now := time.Now()
+	p.attempt.Store(&failure{now, err.Error()})
+	if kpar.IsMisconfigured(err) {
+		since := now
+		if r := p.refused.Load(); r != nil {
+			since = r.since
+		}
+		p.refused.Store(&refusal{since: since, err: err.Error()})
+	}
+}
+
+// refusal is a spell of attempts refused for a configuration error.
+type refusal struct {
+	since time.Time
+	err   string // the latest
 }
 
 // OnDeadLetterFailed implements kpar.HookDeadLetterFailed.
@@ -281,6 +311,13 @@ func (p *stallWatch) ready(base func() (bool, string)) (bool, string) {
 	}
 	ok, why := base()
 	if !ok {
+		return false, why
+	}
+	if r := p.refused.Load(); r != nil {
+		return false, fmt.Sprintf("the downstream refuses every attempt for a configuration error since %v ago, records are held until it is fixed: %s",
+			time.Since(r.since).Round(time.Second), excerpt(r.err))
+	}
+	if unreachable, why := p.answers.unreachable(time.Now()); unreachable {
 		return false, why
 	}
 	p.mu.Lock()

@@ -57,6 +57,17 @@ func (q *Queue[T]) Push(t *Task[T]) {
 // Peek returns the first task without removing it, or nil.
 func (q *Queue[T]) Peek() *Task[T] { return q.head }
 
+// Any reports whether f is true for a queued task, calling it in order
+// until it is. It walks the queue: for rare decisions, not per task.
+func (q *Queue[T]) Any(f func(*Task[T]) bool) bool {
+	for t := q.head; t != nil; t = t.next {
+		if f(t) {
+			return true
+		}
+	}
+	return false
+}
+
 // Pop removes and returns the first task, or nil when empty.
 func (q *Queue[T]) Pop() *Task[T] {
 	t := q.head
