@@ -35,6 +35,9 @@ type batch struct {
 	// only by the leader after that.
 	recs []*kgo.Record
 	ctxs []context.Context
+	// decs are the records' decoded forms (Decode); nil when no record
+	// has one.
+	decs []*Decoded
 	// replies are the replies of the records, written by the leader
 	// before done closes (Replies); nil for none.
 	replies [][]byte
@@ -44,6 +47,11 @@ type batch struct {
 }
 
 func (b *batcher) handle(ctx context.Context, r *kgo.Record) error {
+	// A record that does not decode fails alone, before it joins a batch.
+	dec, err := b.h.decode(ctx, r)
+	if err != nil {
+		return err
+	}
 	b.mu.Lock()
 	bt := b.cur
 	leader := bt == nil
@@ -59,6 +67,12 @@ func (b *batcher) handle(ctx context.Context, r *kgo.Record) error {
 	i := len(bt.recs)
 	bt.recs = append(bt.recs, r)
 	bt.ctxs = append(bt.ctxs, ctx)
+	if dec != nil && bt.decs == nil {
+		bt.decs = make([]*Decoded, i, b.n)
+	}
+	if bt.decs != nil {
+		bt.decs = append(bt.decs, dec)
+	}
 	if len(bt.recs) == b.n {
 		b.cur = nil
 		close(bt.full)
@@ -96,7 +110,7 @@ func (b *batcher) done(ctx context.Context, bt *batch, i int) error {
 	if err := bt.errs[i]; err != nil || bt.replies == nil || bt.replies[i] == nil {
 		return err
 	}
-	return b.h.emit(ctx, b.h.reply(bt.recs[i], bt.replies[i], "application/json"))
+	return b.h.emitValue(ctx, bt.recs[i], bt.replies[i], "application/json")
 }
 
 // send posts bt and fills bt.errs.
@@ -128,7 +142,7 @@ func (b *batcher) send(bt *batch) {
 	ctx, cancelTimeout := h.withTimeout(ctx)
 	defer cancelTimeout()
 
-	body := appendBatch(make([]byte, 0, batchSize(bt.recs)), bt.recs, h.contentType[0])
+	body := appendBatch(make([]byte, 0, batchSize(bt.recs, bt.decs)), bt.recs, bt.decs, h.contentType[0])
 	req := h.newRequest(ctx, body, 3)
 	req.Header["Content-Type"] = jsonType
 	if tp, ts := batchTrace(bt.recs); tp != "" {
@@ -208,8 +222,13 @@ func batchTrace(rs []*kgo.Record) (traceparent, tracestate string) {
 
 // batchSize estimates the JSON size of rs, so the body is built without
 // growing its buffer in the usual case (names without escapes).
-func batchSize(rs []*kgo.Record) int {
+func batchSize(rs []*kgo.Record, decs []*Decoded) int {
 	n := 2
+	for _, d := range decs {
+		if d != nil {
+			n += 64 + len(d.Value) + len(d.Key)
+		}
+	}
 	for _, r := range rs {
 		n += 128 + len(r.Topic) + base64.StdEncoding.EncodedLen(len(r.Key)) + base64.StdEncoding.EncodedLen(len(r.Value))
 		for _, h := range r.Headers {
@@ -220,8 +239,9 @@ func batchSize(rs []*kgo.Record) int {
 }
 
 // appendBatch appends the JSON array of rs (see the package
-// documentation); contentType is that of a record without one.
-func appendBatch(b []byte, rs []*kgo.Record, contentType string) []byte {
+// documentation); contentType is that of a record without one, and
+// decs, when not nil, the records' decoded forms.
+func appendBatch(b []byte, rs []*kgo.Record, decs []*Decoded, contentType string) []byte {
 	b = append(b, '[')
 	for i, r := range rs {
 		if i > 0 {
@@ -238,9 +258,17 @@ func appendBatch(b []byte, rs []*kgo.Record, contentType string) []byte {
 		b = append(b, `","key":`...)
 		b = appendBase64OrNull(b, r.Key)
 		b = append(b, `,"value":`...)
-		b = appendBase64OrNull(b, r.Value)
+		ct := recordContentType(r, contentType)
+		if decs != nil && decs[i] != nil {
+			b = appendDecodedItem(b, r, decs[i])
+			if f := decs[i].ValueForm; f != FormRaw && f != "" {
+				ct = "application/json"
+			}
+		} else {
+			b = appendBase64OrNull(b, r.Value)
+		}
 		b = append(b, `,"content_type":`...)
-		b = appendJSONString(b, recordContentType(r, contentType))
+		b = appendJSONString(b, ct)
 		b = append(b, `,"headers":{`...)
 		first := true
 		for j, h := range r.Headers {

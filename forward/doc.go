@@ -157,4 +157,14 @@
 // Response bodies are read (up to 64 KiB, more for a batch answer) and
 // closed so that connections are reused: the Handler keeps a keep-alive
 // pool of Concurrency connections to the endpoint.
+//
+// # Typed records
+//
+// With Decode, a Decoder (the module github.com/kpar/kpar/schema decodes
+// the Confluent wire format through a Schema Registry) turns each value
+// into JSON: the request's body, with Content-Type application/json and
+// the Kpar-Value-Form and Kpar-Schema-Id headers (Kpar-Key-Json for a
+// decoded key); in a batch, each item's "value" is that JSON and
+// "value_form" says so. EncodeReplies encodes the replies with a
+// ReplyEncoder. See decode.go and docs/http-contract.md.
 package forward

@@ -92,6 +92,8 @@ type Handler struct {
 	cloudEvents   *cloudEvents  // nil without CloudEvents
 	replyTopic    string        // Replies (reply.go); "" for none
 	batch         *batcher      // nil without Batch
+	decoder       Decoder       // Decode (decode.go); nil for none
+	replyEncoder  ReplyEncoder  // EncodeReplies; nil for none
 	tmpl          *http.Request // POST to url, copied for each request
 	// answered counts 2xx answers: a request that timed out while it
 	// moved had the endpoint answering others, and the timeout is the
@@ -148,6 +150,7 @@ func New(rawURL string, opts ...Opt) (*Handler, error) {
 		header: c.header, nHeader: n,
 		contentType: []string{contentType}, cloudEvents: c.cloudEvents,
 		replyTopic: c.replyTopic,
+		decoder:    c.decoder, replyEncoder: c.replyEncoder,
 	}
 	h.tmpl = &http.Request{
 		Method: http.MethodPost, URL: u, Host: u.Host,
@@ -258,9 +261,13 @@ func (h *Handler) Handle(ctx context.Context, r *kgo.Record) error {
 	if h.batch != nil {
 		return h.batch.handle(ctx, r)
 	}
+	dec, err := h.decode(ctx, r)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := h.withTimeout(ctx)
 	defer cancel()
-	req := h.request(ctx, r)
+	req := h.request(ctx, r, dec)
 	started := h.answered.Load()
 	resp, err := h.do(req)
 	if err != nil {
@@ -384,13 +391,20 @@ func (b *rewindable) rewind() (io.ReadCloser, error) { return newRewindable(b.da
 // request builds the POST for r. The header values are written into one
 // buffer and sliced out of one string, so that a record costs a few
 // allocations whatever its number of headers.
-func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
+func (h *Handler) request(ctx context.Context, r *kgo.Record, dec *Decoded) *http.Request {
 	nh := len(r.Headers)
 	room := 9 + nh
 	if h.cloudEvents != nil {
 		room += 6
 	}
-	req := h.newRequest(ctx, r.Value, room)
+	body := r.Value
+	if dec != nil {
+		room += 5
+		if dec.ValueForm != FormRaw && dec.ValueForm != "" {
+			body = dec.Value
+		}
+	}
+	req := h.newRequest(ctx, body, room)
 	hd := req.Header
 
 	// Sizes: decimal numbers, the timestamp, base64 of the key, and per
@@ -505,6 +519,9 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record) *http.Request {
 	}
 	if h.cloudEvents != nil {
 		h.cloudEvents.setHeaders(hd, r)
+	}
+	if dec != nil {
+		setDecodedHeaders(hd, dec)
 	}
 	return req
 }

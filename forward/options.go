@@ -25,7 +25,9 @@ type cfg struct {
 	batchWait     time.Duration
 	contentType   string // "": DefaultContentType
 	cloudEvents   *cloudEvents
-	replyTopic    string // Replies; "" for none
+	replyTopic    string       // Replies; "" for none
+	decoder       Decoder      // Decode; nil for none
+	replyEncoder  ReplyEncoder // EncodeReplies; nil for none
 }
 
 // DefaultContentType is the Content-Type of a record that has no

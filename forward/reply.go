@@ -84,7 +84,21 @@ func (h *Handler) emitReply(ctx context.Context, in *kgo.Record, resp *http.Resp
 	if len(body) > maxReply {
 		return kpar.Permanent(fmt.Errorf("forward: the reply to %s/%d/%d is larger than %d bytes, the largest record a broker takes by default", in.Topic, in.Partition, in.Offset, maxReply))
 	}
-	return h.emit(ctx, h.reply(in, body, resp.Header.Get("Content-Type")))
+	return h.emitValue(ctx, in, body, resp.Header.Get("Content-Type"))
+}
+
+// emitValue emits the reply of in with value, through the ReplyEncoder
+// when there is one: its bytes replace the value, and the reply has no
+// content-type (the wire format says what it holds).
+func (h *Handler) emitValue(ctx context.Context, in *kgo.Record, value []byte, contentType string) error {
+	if h.replyEncoder != nil {
+		enc, err := h.replyEncoder.EncodeReply(ctx, in, value)
+		if err != nil {
+			return err
+		}
+		value, contentType = enc, ""
+	}
+	return h.emit(ctx, h.reply(in, value, contentType))
 }
 
 // emit hands a reply to kpar, saying what is missing when it cannot.

@@ -32,6 +32,9 @@ fi
 if command -v npm >/dev/null 2>&1; then
   (cd examples/node && npm ci --prefer-offline --no-audit --no-fund --loglevel=error >/dev/null) ||
     echo "test.sh: npm ci in examples/node failed; the node example will skip (fail under CI)" >&2
+  # Confluent's serializers for the typed-records interop test.
+  (cd examples/serializers && npm ci --prefer-offline --no-audit --no-fund --loglevel=error >/dev/null) ||
+    echo "test.sh: npm ci in examples/serializers failed; the interop test will skip (fail under CI)" >&2
 fi
 
 # PostgreSQL: use KPAR_TEST_POSTGRES when the caller set it, else start a

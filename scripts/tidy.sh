@@ -16,7 +16,7 @@ root=$PWD
 # release (see README, "Install").
 version=${KPAR_VERSION:-v0.1.0}
 local_mods=(github.com/kpar/kpar=. github.com/kpar/kpar/deadletter/pgsink=deadletter/pgsink
-  github.com/kpar/kpar/kparprom=kparprom github.com/kpar/kpar/route=route)
+  github.com/kpar/kpar/kparprom=kparprom github.com/kpar/kpar/route=route github.com/kpar/kpar/schema=schema)
 for dir in $(./scripts/modules.sh); do
   (
     cd "$dir"

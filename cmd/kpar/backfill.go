@@ -64,6 +64,7 @@ usage or range.`, stderr)
 	allowDeadLetters := fs.Bool("allow-dead-letters", false, "exit 0 when the range is done even if records were dead-lettered (default: exit 3 then, so that a pipeline notices)")
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
+	typed := addTypedFlags(fs, false) // typed.go
 	if code, ok := fs.parseArgs(args, "brokers", "topic", "from", "to"); !ok {
 		return code
 	}
@@ -124,6 +125,12 @@ usage or range.`, stderr)
 	if !ok {
 		return code
 	}
+	typedOpts, typedAttrs, code, ok := typed.opts(ctx, fs, log, "")
+	if !ok {
+		return code
+	}
+	fwdOpts = append(fwdOpts, typedOpts...)
+	routes.decoder = typed.decoder // the expressions read the decoded record
 	h, secOpts, code, ok := routes.endpoints(fs, *target, *req.contentType, sec, fwdOpts...)
 	if !ok {
 		return code
@@ -168,7 +175,7 @@ usage or range.`, stderr)
 	log.Info("kpar backfill starting", append([]any{"brokers", strings.Join(seeds, ","), "topic", *topic,
 		"partitions", *partitions, "from", r.From, "to", r.To, "url", redactURL(*target),
 		"readers", *readers, "concurrency", *concurrency, "progress", *progressFile, "dead_letters", sink.describe(),
-		"max_buffered_bytes", limits.maxBuffered.String()}, h.attrs()...)...)
+		"max_buffered_bytes", limits.maxBuffered.String()}, append(typedAttrs, h.attrs()...)...)...)
 
 	if code, ok := checkEndpoint(ctx, fs, h, *att.timeout, log); !ok {
 		return code

@@ -83,14 +83,17 @@ raw-share, each capped at --time-cap), commits (what kpar's commits cost the
 group's coordinator: groups of --members kpar members in key mode, per
 --handler, --commit-interval and --commit-budget, at 8, 256 and 1,024 partitions; commits/s,
 OffsetCommit bytes/s and partitions per commit per member, commits/s per
-group, and the duplicates of --kills kills of a member; its own table).
+group, and the duplicates of --kills kills of a member; its own table),
+decode (~200-byte Avro and Protobuf records in the Confluent wire format
+forwarded to a no-op endpoint decoded to JSON through a registry, against
+the raw bytes in the same run; ratio and CPU per record).
 
 --partitions takes a list: each scenario runs at every count in it (commits
 and memory default to 8,256,1024: memory runs its first backlog at each and
 reports RSS per partition; the others to 8).`, stderr)
 	scenarios := fs.String("scenario", "all", "comma-separated `scenarios` to run: "+strings.Join(bench.Scenarios(), ", ")+", or all")
 	contenders := fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.AllContenders(), ", ")+", or all")
-	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; batch 100000; share 100000); 0 keeps the defaults")
+	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; decode 30000; batch 100000; share 100000); 0 keeps the defaults")
 	partitions := fs.String("partitions", "", "comma-separated partition `counts` of every topic but pc-volume's and share's (always 1); each scenario runs at each count (default: 8; commits and memory 8,256,1024)")
 	members := fs.String("members", "1,4,16", "comma-separated group `sizes` of the commits scenario")
 	handlers := fs.String("handler", "noop,io", "comma-separated `handlers` of the commits scenario: noop, io (a --latency sleep)")

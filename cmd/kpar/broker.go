@@ -47,6 +47,7 @@ afresh.`, stderr)
 	session := fs.Duration("consumer-session-timeout", 45*time.Second, "how long a consumer-protocol group waits for a silent member before moving its partitions (group.consumer.session.timeout.ms; Kafka's default); --session-timeout of kpar forward does not apply in that protocol")
 	forgetShare := fs.Bool("forget-share-groups", false, "start on a --data-dir whose broker served share groups and did not stop cleanly (kill -9, a crash), dropping those groups: they start afresh (by default kpar broker refuses, since their progress is lost)")
 	heartbeat := fs.Duration("consumer-heartbeat-interval", time.Second, "how often consumer-protocol members heartbeat, and so how soon they learn a new assignment (group.consumer.heartbeat.interval.ms; Kafka's default is 5s)")
+	registry := addBrokerRegistryFlag(fs) // broker_registry.go
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -108,6 +109,15 @@ afresh.`, stderr)
 		guard.watch(c.Cluster)
 	}
 	fmt.Fprintf(stdout, "kpar broker listening on %s\n", c.Addr())
+	if *registry != "" {
+		stop, err := serveRegistry(*registry, stdout)
+		if err != nil {
+			c.Close()
+			fmt.Fprintf(stderr, "kpar broker: --schema-registry: %v\n", err)
+			return 1
+		}
+		defer stop()
+	}
 
 	<-ctx.Done()
 	// With --data-dir, Close saves what kfake only writes at shutdown

@@ -81,6 +81,10 @@ func (cc checkConfig) report(stdout io.Writer, attrs []any) int {
 	}
 	// Not on the start line, but what a pod's grace period must exceed.
 	fmt.Fprintf(stdout, "  shutdown_timeout: %s\n", cc.flags.Lookup("shutdown-timeout").Value)
+	if f := cc.flags.Lookup("schema-registry"); f != nil && f.Value.String() != "" {
+		fmt.Fprintln(stdout, "not contacted: the brokers, the --url endpoint, the dead-letter sink and the schema registry")
+		return 0
+	}
 	fmt.Fprintln(stdout, "not contacted: the brokers, the --url endpoint and the dead-letter sink")
 	return 0
 }

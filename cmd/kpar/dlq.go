@@ -395,11 +395,16 @@ read back with --source file://PATH.`, stderr)
 	limit := c.fs.Int("limit", 0, "print at most `N` dead letters (default all)")
 	since := c.fs.String("since", "", "only dead letters whose last failure is at or after `T`: a duration back from now (90m, 24h) or an RFC 3339 time")
 	asJSON := c.fs.Bool("json", false, "print JSON Lines instead of text")
+	registry := addDLQRegistryFlag(c.fs) // dlq_typed.go
 	if code, ok := c.fs.parse(args); !ok {
 		return code
 	}
 	if code, ok := c.check(); !ok {
 		return code
+	}
+	decodeLetter, err := dlqDecoder(*registry)
+	if err != nil {
+		return c.fs.usageError("invalid --schema-registry: %v", err)
 	}
 	if *limit < 0 {
 		return c.fs.usageError("invalid --limit %d: must be 0 (all) or more", *limit)
@@ -434,7 +439,9 @@ read back with --source file://PATH.`, stderr)
 			msg, _, _ := strings.Cut(l.Message, "\n")
 			fmt.Fprintf(stdout, "%-24s  %-9s  %s  attempts=%d  group=%s  %s%s\n",
 				dlqTime(l.LastFailure), l.Class, l.ID(), l.Attempts, dlqOrDash(l.Group), dlqCut(l), strings.TrimSpace(msg))
-			writeDLQValue(stdout, l.Record)
+			if !decodeLetter(ctx, stdout, l) { // dlq_typed.go
+				writeDLQValue(stdout, l.Record)
+			}
 		}
 		n++
 		if *limit > 0 && n >= *limit {

@@ -145,7 +145,8 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	readyStall := addReadyStall(fs) // readiness.go
 	logLevel := addLogLevel(fs)
 	sec := securityFlags(fs)
-	dry := addCheckConfig(fs) // --check-config: checkconfig.go
+	typed := addTypedFlags(fs, true) // typed.go
+	dry := addCheckConfig(fs)        // --check-config: checkconfig.go
 	if code, ok := fs.parseArgs(args, "brokers"); !ok {
 		return code
 	}
@@ -257,6 +258,13 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if !ok {
 		return code
 	}
+	typed.offline = dry.enabled()
+	typedOpts, typedAttrs, code, ok := typed.opts(ctx, fs, log, *replyTopic)
+	if !ok {
+		return code
+	}
+	fwdOpts = append(fwdOpts, typedOpts...)
+	routes.decoder = typed.decoder // the expressions read the decoded record
 	h, secOpts, code, ok := routes.endpoints(fs, *target, *req.contentType, sec, fwdOpts...)
 	if !ok {
 		return code
@@ -436,6 +444,7 @@ share group without share.auto.offset.reset gets earliest.`, stderr)
 	if *metricsListen != "" {
 		attrs = append(attrs, "metrics_listen", *metricsListen)
 	}
+	attrs = append(attrs, typedAttrs...)
 	attrs = append(attrs, h.attrs()...)
 	if dry.enabled() {
 		return dry.report(stdout, attrs)

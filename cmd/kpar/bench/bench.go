@@ -64,13 +64,14 @@ const (
 	Adaptive = "adaptive"
 	Rate     = "rate"
 	Forward  = "forward"
+	Decode   = "decode"
 	Batch    = "batch"
 	// Share is in share.go, Commits in commits.go.
 )
 
 // Scenarios lists every scenario name.
 func Scenarios() []string {
-	return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash, Adaptive, Rate, Forward, Batch, Share, Commits}
+	return []string{Noop, IO, Keys, CPU, Memory, PCVolume, Crash, Adaptive, Rate, Forward, Decode, Batch, Share, Commits}
 }
 
 // Config chooses scenarios and sizes. The zero value of a field means its
@@ -792,6 +793,8 @@ func (r *runner) scenario(ctx context.Context, s string) ([]Result, error) {
 		return r.rate(ctx)
 	case Forward:
 		return r.forward(ctx)
+	case Decode:
+		return r.decode(ctx)
 	case Batch:
 		return r.batch(ctx)
 	case Share:

@@ -334,6 +334,24 @@ func TestRunSmallFlow(t *testing.T) {
 	}
 }
 
+// TestRunSmallDecode runs the decode scenario small: every record of
+// both formats is delivered decoded and raw, none dead-lettered, and the
+// decoded run has its ratio to the raw one.
+func TestRunSmallDecode(t *testing.T) {
+	rep := runSmall(t, Config{Scenarios: []string{Decode}, Records: 600})
+	if len(rep.Results) != 4 {
+		t.Fatalf("%d results, want 4: %+v", len(rep.Results), rep.Results)
+	}
+	for i, res := range rep.Results {
+		if res.Err != "" || res.Lost != 0 || res.Records != res.Target || !strings.Contains(res.Note, "dead letters 0") && i%2 == 1 {
+			t.Errorf("%s %s: %+v", res.Scenario, res.Variant, res)
+		}
+		if i%2 == 1 && res.RatioTo != "raw bytes" {
+			t.Errorf("%s: ratio to %q, want raw bytes", res.Variant, res.RatioTo)
+		}
+	}
+}
+
 // TestBrokerInAChildProcess runs noop small against a broker in a child
 // process (Config.SpawnBroker): the gate holds and opens across the pipe,
 // every record is handled, and the crash scenario, which needs the broker

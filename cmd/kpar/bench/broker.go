@@ -76,10 +76,13 @@ func (b *broker) closeBroker() {
 type topic struct {
 	name       string
 	partitions int
-	keys       int     // distinct keys; 0 for nil keys
-	valueBytes int     // bytes per value
-	ends       []int64 // records per partition (offsets start at 0)
-	total      int64
+	keys       int // distinct keys; 0 for nil keys
+	valueBytes int // bytes per value
+	// gen, when set, makes record i's value (appended to buf) instead
+	// of the decimal i padded to valueBytes.
+	gen   func(i int64, buf []byte) []byte
+	ends  []int64 // records per partition (offsets start at 0)
+	total int64
 }
 
 func (b *broker) createTopic(ctx context.Context, name string, partitions, keys, valueBytes int) (*topic, error) {
@@ -198,7 +201,11 @@ func (b *broker) load(ctx context.Context, t *topic, n int64) error {
 	for i := start; i < start+n; i++ {
 		key = t.keyOf(i, key)
 		p := t.partitionOf(i, key)
-		copy(value, strconv.AppendInt(num[:0], i, 10))
+		if t.gen != nil {
+			value = t.gen(i, value[:0])
+		} else {
+			copy(value, strconv.AppendInt(num[:0], i, 10))
+		}
 		pp := &parts[p]
 		pp.recs = appendRecord(pp.recs, pp.n, key, value)
 		pp.n++

@@ -1,0 +1,2 @@
+// Package schema decodes Schema Registry records for kpar's forward package.
+package schema
