@@ -130,6 +130,7 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		// The client's buffered fetches are memory too: keep them within
 		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
 		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
+		kgo.FetchMaxPartitionBytes(fetchPartitionBytes(e.cfg.maxBytes)), // fetchsize.go
 	}
 	if e.cfg.protocol == ClassicProtocol {
 		// Members that order differently must not share a group: see

@@ -261,8 +261,11 @@ func Brokers(addrs ...string) Opt {
 // topics, commits, rebalance callbacks); setting them here is an error from
 // New. kpar's own client defaults, which options given here override: the
 // cooperative-sticky balancer, kgo.FetchMaxWait 25ms (a paused partition's
-// resume waits for the fetch in flight), and kgo.FetchMaxBytes of a quarter
-// of MaxBufferedBytes (at least 1 MiB, at most franz-go's 50 MiB).
+// resume waits for the fetch in flight), kgo.FetchMaxBytes of a quarter
+// of MaxBufferedBytes (at least 1 MiB, at most franz-go's 50 MiB), and
+// kgo.FetchMaxPartitionBytes of a 128th of it (at least 64 KiB, at most
+// franz-go's 1 MiB: small records weigh several times their wire size
+// once decoded, see fetchsize.go).
 func ClientOptions(opts ...kgo.Opt) Opt {
 	return opt(func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) })
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -379,5 +380,30 @@ func TestBrokerInAChildProcess(t *testing.T) {
 	}
 	if noop != 2 || crash == 0 {
 		t.Errorf("%d noop and %d crash results: %+v", noop, crash, rep.Results)
+	}
+}
+
+func TestMemoryChildWritesItsHeapProfileNearItsPeakWhenAsked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns child processes")
+	}
+	prefix := filepath.Join(t.TempDir(), "heap")
+	t.Setenv(heapProfileEnv, prefix) // the child inherits it
+	cfg := Config{Scenarios: []string{Memory}, Contenders: []string{KparKey}, Backlogs: []int{2000},
+		PartitionCounts: []int{2}, Spawn: spawnTestChild}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 1 || rep.Results[0].Err != "" {
+		t.Fatalf("results %+v, want one run without error", rep.Results)
+	}
+	b, err := os.ReadFile(prefix + "-" + KparKey + ".pprof")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pprof's protobuf format, gzipped.
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("the profile is %d bytes and not gzipped: not a pprof profile", len(b))
 	}
 }

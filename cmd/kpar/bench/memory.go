@@ -21,7 +21,7 @@ import (
 const memoryValueBytes = 16
 
 func (r *runner) memory(ctx context.Context) ([]Result, error) {
-	cs := r.contenders(Raw, KparKey)
+	cs := r.contenders(Raw, KparKey, KparPartition, KparUnordered)
 	if len(cs) == 0 {
 		return nil, nil
 	}
@@ -148,7 +148,7 @@ func perPartition(out []Result, parts []int, backlog int) {
 // measureHeap is the in-process fallback: peak heap only (RSS would
 // include the broker and every earlier run).
 func (r *runner) measureHeap(ctx context.Context, c contender, t *topic, variant string) Result {
-	hs := startHeapSampler()
+	hs := startHeapSampler(nil)
 	res := r.measureCounting(ctx, c, t, variant)
 	res.PeakHeap = hs.stop()
 	res.Note = join(res.Note, "in-process: peak heap includes the broker")
@@ -306,7 +306,7 @@ func ServeChild(ctx context.Context, in io.Reader, out io.Writer) error {
 	for _, e := range spec.Ends {
 		t.total += e
 	}
-	hs := startHeapSampler()
+	hs := startHeapSampler(newHeapProfiler(spec.Contender))
 	r := &runner{b: &broker{addr: spec.Broker}, cfg: Config{FetchMaxWait: spec.FetchMaxWait}}
 	s := runSpec{scenario: Memory, c: c, t: t, work: noWork, concurrency: spec.Concurrent}
 	tr := newTracker(t, false, t.total)
@@ -356,12 +356,13 @@ func peakRSS() int64 {
 // bytes, runtime/metrics) every 10ms and keeps the peak.
 type heapSampler struct {
 	peak atomic.Int64
+	prof *heapProfiler // nil unless KPAR_BENCH_HEAPPROFILE is set
 	done chan struct{}
 	wg   sync.WaitGroup
 }
 
-func startHeapSampler() *heapSampler {
-	h := &heapSampler{done: make(chan struct{})}
+func startHeapSampler(prof *heapProfiler) *heapSampler {
+	h := &heapSampler{done: make(chan struct{}), prof: prof}
 	h.sample()
 	h.wg.Go(func() {
 		t := time.NewTicker(10 * time.Millisecond)
@@ -385,6 +386,7 @@ func (h *heapSampler) sample() {
 	}
 	metrics.Read(s)
 	v := int64(s[0].Value.Uint64() + s[1].Value.Uint64())
+	h.prof.observe(v)
 	for cur := h.peak.Load(); v > cur && !h.peak.CompareAndSwap(cur, v); cur = h.peak.Load() {
 	}
 }
