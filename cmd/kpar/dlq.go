@@ -499,7 +499,43 @@ func dlqParseSince(s string, now time.Time) (time.Time, error) {
 // ---- replay ----
 
 func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newDLQFlags("replay", ` --source URL [--to TOPIC] [--brokers LIST] [--group G] [--error-class C] [--dry-run] [--run-id ID]
+	r, code, ok := parseReplay(args, stderr)
+	if !ok {
+		return code
+	}
+	state, code, ok := r.journal()
+	if !ok {
+		return code
+	}
+	seeds, code, ok := r.seeds()
+	if !ok {
+		return code
+	}
+	src, err := r.open(ctx)
+	if err != nil {
+		return dlqFail(stderr, "replay", err)
+	}
+	var cl *kgo.Client
+	if seeds != nil {
+		if cl, err = r.client(ctx, seeds); err != nil {
+			return dlqFail(stderr, "replay", err)
+		}
+		defer cl.Close()
+	}
+	groups := groupCounts{}
+	rep, err := deadletter.Replay(ctx, src, cl, r.opts(state, groups, stdout)...)
+	if line := groups.merged("replay"); line != "" {
+		fmt.Fprintf(stderr, "%s (a record several of them dead-lettered is sent once)\n", line)
+	}
+	if err != nil {
+		return dlqFail(stderr, "replay", err)
+	}
+	r.report(rep, state, stdout, stderr)
+	return 0
+}
+
+// dlqReplayUsage is kpar dlq replay's synopsis and description.
+const dlqReplayUsage = ` --source URL [--to TOPIC] [--brokers LIST] [--group G] [--error-class C] [--dry-run] [--run-id ID]
 
 Sends the dead letters of the source back to Kafka: to each one's original
 topic, or to --to, on the partition with the original's number (modulo the
@@ -527,127 +563,146 @@ fsynced; the file is locked while a run is active). A re-run:
 So each dead letter is sent once per run id, across crashes, as long as the
 journal is kept; without it (another machine, a deleted file) or with
 another run id everything is sent again. --dry-run sends nothing, writes
-nothing, and prints what a run would send now.`, stderr)
-	to := c.fs.String("to", "", "replay every dead letter to `TOPIC` (default each one's original topic)")
-	brokers := c.fs.String("brokers", "", "seed brokers `host:port,...` to replay to (default the source's, for a kafka:// source)")
-	dryRun := c.fs.Bool("dry-run", false, "print what would be replayed; send and write nothing")
-	runID := c.fs.String("run-id", "", "replay run `ID` ([A-Za-z0-9._-]; default derived from --source, --to, --error-class and --group)")
-	stateDir := c.fs.String("state-dir", "", "`DIR` of replay journals (default $XDG_STATE_HOME/kpar/replay, else ~/.local/state/kpar/replay)")
-	if code, ok := c.fs.parse(args); !ok {
-		return code
+nothing, and prints what a run would send now.`
+
+// replayFlags are kpar dlq replay's flags.
+type replayFlags struct {
+	*dlqCommon
+	to, brokers, runID, stateDir *string
+	dryRun                       *bool
+}
+
+// parseReplay defines kpar dlq replay's flags, parses args and checks
+// them.
+func parseReplay(args []string, stderr io.Writer) (*replayFlags, int, bool) {
+	r := &replayFlags{dlqCommon: newDLQFlags("replay", dlqReplayUsage, stderr)}
+	r.to = r.fs.String("to", "", "replay every dead letter to `TOPIC` (default each one's original topic)")
+	r.brokers = r.fs.String("brokers", "", "seed brokers `host:port,...` to replay to (default the source's, for a kafka:// source)")
+	r.dryRun = r.fs.Bool("dry-run", false, "print what would be replayed; send and write nothing")
+	r.runID = r.fs.String("run-id", "", "replay run `ID` ([A-Za-z0-9._-]; default derived from --source, --to, --error-class and --group)")
+	r.stateDir = r.fs.String("state-dir", "", "`DIR` of replay journals (default $XDG_STATE_HOME/kpar/replay, else ~/.local/state/kpar/replay)")
+	if code, ok := r.fs.parse(args); !ok {
+		return nil, code, false
 	}
-	if code, ok := c.check(); !ok {
-		return code
+	if code, ok := r.check(); !ok {
+		return nil, code, false
 	}
-	if *runID == "" {
-		parts := []string{*c.source, *to, *c.class}
-		if *c.group != "" { // added only when given: the ids of runs without it stay as they were
-			parts = append(parts, *c.group)
+	return r, 0, true
+}
+
+// journal is the run's journal file ("" in a dry run without a state
+// directory), after setting the run id when none is given.
+func (r *replayFlags) journal() (state string, code int, ok bool) {
+	if *r.runID == "" {
+		parts := []string{*r.source, *r.to, *r.class}
+		if *r.group != "" { // added only when given: the ids of runs without it stay as they were
+			parts = append(parts, *r.group)
 		}
 		sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
-		*runID = "replay-" + hex.EncodeToString(sum[:8])
-	} else if !dlqRunIDRE.MatchString(*runID) {
-		return c.fs.usageError("invalid --run-id %q: want 1 to 200 of [A-Za-z0-9._-]", *runID)
+		*r.runID = "replay-" + hex.EncodeToString(sum[:8])
+	} else if !dlqRunIDRE.MatchString(*r.runID) {
+		return "", r.fs.usageError("invalid --run-id %q: want 1 to 200 of [A-Za-z0-9._-]", *r.runID), false
 	}
-	dir := *stateDir
+	dir := *r.stateDir
 	if dir == "" {
 		var err error
-		if dir, err = dlqStateDir(); err != nil && !*dryRun {
-			return c.fs.usageError("missing --state-dir: %v", err)
+		if dir, err = dlqStateDir(); err != nil && !*r.dryRun {
+			return "", r.fs.usageError("missing --state-dir: %v", err), false
 		}
 	}
-	state := ""
-	if dir != "" {
-		state = filepath.Join(dir, *runID+".journal")
+	if dir == "" {
+		return "", 0, true
 	}
+	return filepath.Join(dir, *r.runID+".journal"), 0, true
+}
 
-	var seeds []string
+// seeds are the brokers to replay to: --brokers, else the source's; nil
+// in a dry run without either.
+func (r *replayFlags) seeds() (seeds []string, code int, ok bool) {
+	var err error
 	switch {
-	case *brokers != "":
-		var err error
-		if seeds, err = splitBrokers(*brokers); err != nil {
-			return c.fs.usageError("invalid --brokers: %v", err)
+	case *r.brokers != "":
+		if seeds, err = splitBrokers(*r.brokers); err != nil {
+			return nil, r.fs.usageError("invalid --brokers: %v", err), false
 		}
-	case strings.HasPrefix(*c.source, "kafka://"):
-		var err error
-		if seeds, _, err = deadletter.ParseKafkaURL(*c.source); err != nil {
-			return c.fs.usageError("invalid --source: %v", err)
+	case strings.HasPrefix(*r.source, "kafka://"):
+		if seeds, _, err = deadletter.ParseKafkaURL(*r.source); err != nil {
+			return nil, r.fs.usageError("invalid --source: %v", err), false
 		}
-	case !*dryRun:
-		return c.fs.usageError("missing --brokers (or %s): needed to replay from a file or PostgreSQL source", envName("brokers"))
+	case !*r.dryRun:
+		return nil, r.fs.usageError("missing --brokers (or %s): needed to replay from a file or PostgreSQL source", envName("brokers")), false
 	}
-	secOpts, _ := c.sec.kgoOpts()
+	return seeds, 0, true
+}
 
-	src, err := c.open(ctx)
-	if err != nil {
-		return dlqFail(stderr, "replay", err)
+// client is the producer of the replay, once the brokers answered.
+func (r *replayFlags) client(ctx context.Context, seeds []string) (*kgo.Client, error) {
+	secOpts, _ := r.sec.kgoOpts()
+	if err := r.sec.checkBrokers(ctx, seeds, dlqConnectTimeout); err != nil {
+		return nil, err
 	}
-	var cl *kgo.Client
-	if seeds != nil {
-		if err := c.sec.checkBrokers(ctx, seeds, dlqConnectTimeout); err != nil {
-			return dlqFail(stderr, "replay", err)
-		}
-		cl, err = kgo.NewClient(append([]kgo.Opt{
-			kgo.SeedBrokers(seeds...),
-			kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		}, secOpts...)...)
-		if err != nil {
-			return dlqFail(stderr, "replay", err)
-		}
-		defer cl.Close()
-	}
+	return kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(seeds...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+	}, secOpts...)...)
+}
 
-	groups := groupCounts{}
+// opts are the replay's options: the run, its journal (state), the
+// filters (counting the kept letters per group in groups), and in a dry
+// run a line on stdout per letter.
+func (r *replayFlags) opts(state string, groups groupCounts, stdout io.Writer) []deadletter.ReplayOpt {
 	opts := []deadletter.ReplayOpt{
-		deadletter.ReplayRunID(*runID),
+		deadletter.ReplayRunID(*r.runID),
 		deadletter.ReplayStateFile(state),
-		deadletter.ReplayTo(*to),
+		deadletter.ReplayTo(*r.to),
 		deadletter.ReplayFilter(func(l deadletter.Letter) bool {
-			if !c.keep(l) {
+			if !r.keep(l) {
 				return false
 			}
 			groups[l.Group]++
 			return true
 		}),
 	}
-	if *dryRun {
+	if *r.dryRun {
 		opts = append(opts, deadletter.ReplayDryRun(), deadletter.ReplayOnLetter(func(e deadletter.ReplayEvent) {
-			part := "?"
-			if e.Partition >= 0 {
-				part = fmt.Sprint(e.Partition)
-			}
-			what := "would replay"
-			switch {
-			case e.Truncated:
-				what = "cut by the sink"
-			case e.Duplicate:
-				what = "same record"
-			case e.Skipped:
-				what = "already replayed"
-			case e.InDoubt:
-				what = "in doubt"
-			}
-			fmt.Fprintf(stdout, "%-16s  %s -> %s[%s]  %s  group=%s\n", what, e.Letter.ID(), e.Topic, part, e.Letter.Class, dlqOrDash(e.Letter.Group))
+			printReplayEvent(stdout, e)
 		}))
 	}
-	rep, err := deadletter.Replay(ctx, src, cl, opts...)
-	if line := groups.merged("replay"); line != "" {
-		fmt.Fprintf(stderr, "%s (a record several of them dead-lettered is sent once)\n", line)
+	return opts
+}
+
+// printReplayEvent is a dry run's line on a letter.
+func printReplayEvent(stdout io.Writer, e deadletter.ReplayEvent) {
+	part := "?"
+	if e.Partition >= 0 {
+		part = fmt.Sprint(e.Partition)
 	}
-	if err != nil {
-		return dlqFail(stderr, "replay", err)
+	what := "would replay"
+	switch {
+	case e.Truncated:
+		what = "cut by the sink"
+	case e.Duplicate:
+		what = "same record"
+	case e.Skipped:
+		what = "already replayed"
+	case e.InDoubt:
+		what = "in doubt"
 	}
+	fmt.Fprintf(stdout, "%-16s  %s -> %s[%s]  %s  group=%s\n", what, e.Letter.ID(), e.Topic, part, e.Letter.Class, dlqOrDash(e.Letter.Group))
+}
+
+// report prints the run's account.
+func (r *replayFlags) report(rep deadletter.ReplayReport, state string, stdout, stderr io.Writer) {
 	if rep.Truncated > 0 {
 		fmt.Fprintf(stderr, "kpar dlq replay: %d dead letters were too large for their topic and were written with parts of the record left out (kpar.value.truncated and the like): they are not replayed; 'kpar dlq list' shows their coordinates, so replay them from the source topic while its retention keeps them\n", rep.Truncated)
 	}
-	if *dryRun {
+	if *r.dryRun {
 		fmt.Fprintf(stdout, "dry run %s: %d would be replayed, %d already replayed, %d in doubt (a run checks the target for them first), %d of a record another group's letter already took, %d cut by the sink, %d filtered out, of %d read; journal %s\n",
 			rep.RunID, rep.Replayed, rep.Skipped, rep.InDoubt, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, dlqOrDash(state))
-		return 0
+		return
 	}
 	fmt.Fprintf(stdout, "run %s: replayed %d, already replayed %d, found sent after an interruption %d, same record as another group's letter %d, cut by the sink %d, filtered out %d, of %d read; journal %s\n",
 		rep.RunID, rep.Replayed, rep.Skipped, rep.Recovered, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, state)
-	return 0
 }
 
 // dlqStateDir is $XDG_STATE_HOME/kpar/replay, else
