@@ -200,14 +200,7 @@ type dlqStatsReport struct {
 }
 
 func dlqStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newDLQFlags("stats", ` --source URL [--group G] [--error-class C] [--json]
-
-Reads every dead letter of the source once and prints: the total; the oldest
-and newest last failure; counts by consumer group (a record that two groups
-dead-lettered counts once for each); by error class; by error message,
-normalised (first line only, UUIDs, hex strings and numbers replaced by
-<uuid>, <hex> and <n>, blanks collapsed), most frequent first; and by
-original topic/partition. --json prints the same as one JSON object.`, stderr)
+	c := newDLQFlags("stats", dlqStatsUsage, stderr)
 	asJSON := c.fs.Bool("json", false, "print one JSON object instead of text")
 	if code, ok := c.fs.parse(args); !ok {
 		return code
@@ -219,38 +212,85 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 	if err != nil {
 		return dlqFail(stderr, "stats", err)
 	}
+	rep, err := collectStats(ctx, src, c.keep)
+	if err != nil {
+		return dlqFail(stderr, "stats", err)
+	}
+	if line := groupCounts(rep.ByGroup).merged("stats"); line != "" {
+		fmt.Fprintln(stderr, line)
+	}
+	if *asJSON {
+		if err := rep.writeJSON(stdout); err != nil {
+			return dlqFail(stderr, "stats", err)
+		}
+		return 0
+	}
+	rep.writeText(stdout)
+	return 0
+}
 
+// dlqStatsUsage is kpar dlq stats' synopsis and description.
+const dlqStatsUsage = ` --source URL [--group G] [--error-class C] [--json]
+
+Reads every dead letter of the source once and prints: the total; the oldest
+and newest last failure; counts by consumer group (a record that two groups
+dead-lettered counts once for each); by error class; by error message,
+normalised (first line only, UUIDs, hex strings and numbers replaced by
+<uuid>, <hex> and <n>, blanks collapsed), most frequent first; and by
+original topic/partition. --json prints the same as one JSON object.`
+
+// collectStats reads every letter of src that keep keeps into a report.
+func collectStats(ctx context.Context, src deadletter.Source, keep func(deadletter.Letter) bool) (dlqStatsReport, error) {
 	rep := dlqStatsReport{ByGroup: map[string]int{}, ByClass: map[string]int{}}
 	byMsg := map[string]int{}
-	type tp struct {
-		topic string
-		p     int32
-	}
-	byTP := map[tp]int{}
-	err = src.Read(ctx, func(l deadletter.Letter) error {
-		if !c.keep(l) {
+	byTP := map[topicPartition]int{}
+	err := src.Read(ctx, func(l deadletter.Letter) error {
+		if !keep(l) {
 			return nil
 		}
 		rep.Total++
 		rep.ByGroup[l.Group]++
 		rep.ByClass[string(l.Class)]++
 		byMsg[dlqNormalise(l.Message)]++
-		byTP[tp{l.Record.Topic, l.Record.Partition}]++
-		if t := l.LastFailure; t.IsZero() {
-			rep.UnknownLastFailure++
-		} else {
-			if rep.OldestLastFailure == nil || t.Before(*rep.OldestLastFailure) {
-				rep.OldestLastFailure = &t
-			}
-			if rep.NewestLastFailure == nil || t.After(*rep.NewestLastFailure) {
-				rep.NewestLastFailure = &t
-			}
-		}
+		byTP[topicPartition{l.Record.Topic, l.Record.Partition}]++
+		rep.addLastFailure(l.LastFailure)
 		return nil
 	})
 	if err != nil {
-		return dlqFail(stderr, "stats", err)
+		return rep, err
 	}
+	rep.sortCounts(byMsg, byTP)
+	for _, t := range []*time.Time{rep.OldestLastFailure, rep.NewestLastFailure} {
+		if t != nil {
+			*t = t.UTC()
+		}
+	}
+	return rep, nil
+}
+
+// topicPartition is a letter's original partition.
+type topicPartition struct {
+	topic string
+	p     int32
+}
+
+// addLastFailure counts a letter's last failure t.
+func (rep *dlqStatsReport) addLastFailure(t time.Time) {
+	if t.IsZero() {
+		rep.UnknownLastFailure++
+		return
+	}
+	if rep.OldestLastFailure == nil || t.Before(*rep.OldestLastFailure) {
+		rep.OldestLastFailure = &t
+	}
+	if rep.NewestLastFailure == nil || t.After(*rep.NewestLastFailure) {
+		rep.NewestLastFailure = &t
+	}
+}
+
+// sortCounts lists the counts by message, the largest first, and by
+// partition, in order.
+func (rep *dlqStatsReport) sortCounts(byMsg map[string]int, byTP map[topicPartition]int) {
 	for m, n := range byMsg {
 		rep.ByMessage = append(rep.ByMessage, dlqCount{Message: m, Count: n})
 	}
@@ -266,29 +306,23 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 		a, b := rep.ByPartition[i], rep.ByPartition[j]
 		return a.Topic < b.Topic || a.Topic == b.Topic && *a.Partition < *b.Partition
 	})
-	for _, t := range []*time.Time{rep.OldestLastFailure, rep.NewestLastFailure} {
-		if t != nil {
-			*t = t.UTC()
-		}
-	}
+}
 
-	if line := groupCounts(rep.ByGroup).merged("stats"); line != "" {
-		fmt.Fprintln(stderr, line)
+// writeJSON prints the report as one JSON object.
+func (rep dlqStatsReport) writeJSON(stdout io.Writer) error {
+	if rep.ByMessage == nil {
+		rep.ByMessage = []dlqCount{}
 	}
-	if *asJSON {
-		if rep.ByMessage == nil {
-			rep.ByMessage = []dlqCount{}
-		}
-		if rep.ByPartition == nil {
-			rep.ByPartition = []dlqCount{}
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return dlqFail(stderr, "stats", err)
-		}
-		return 0
+	if rep.ByPartition == nil {
+		rep.ByPartition = []dlqCount{}
 	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// writeText prints the report as text.
+func (rep dlqStatsReport) writeText(stdout io.Writer) {
 	fmt.Fprintf(stdout, "dead letters: %d\n", rep.Total)
 	fmt.Fprintf(stdout, "oldest last failure: %s\n", dlqTimePtr(rep.OldestLastFailure))
 	fmt.Fprintf(stdout, "newest last failure: %s\n", dlqTimePtr(rep.NewestLastFailure))
@@ -296,7 +330,7 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 		fmt.Fprintf(stdout, "unknown last failure: %d\n", rep.UnknownLastFailure)
 	}
 	if rep.Total == 0 {
-		return 0
+		return
 	}
 	fmt.Fprintln(stdout, "\nby group:")
 	for _, k := range byCount(rep.ByGroup) {
@@ -314,7 +348,6 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 	for _, p := range rep.ByPartition {
 		fmt.Fprintf(stdout, "  %7d  %s/%d\n", p.Count, p.Topic, *p.Partition)
 	}
-	return 0
 }
 
 // byCount returns the keys of m, the largest count first, then by name.
