@@ -37,21 +37,56 @@ func selfExecutable() string {
 // goes to stderr. It exits 0 when every run worked, 1 when one failed (the
 // table still shows the others) and 2 for bad usage.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == benchChildFlag {
-		if err := bench.ServeChild(ctx, os.Stdin, stdout); err != nil {
-			fmt.Fprintf(stderr, "kpar bench: %v\n", err)
-			return 1
-		}
-		return 0
+	if code, ok := benchChild(ctx, args, stdout, stderr); ok {
+		return code
 	}
-	if len(args) > 0 && args[0] == benchBrokerChildFlag {
-		if err := bench.ServeBroker(ctx, os.Stdin, stdout); err != nil {
-			fmt.Fprintf(stderr, "kpar bench: %v\n", err)
-			return 1
-		}
-		return 0
+	b, code, ok := parseBench(args, stderr)
+	if !ok {
+		return code
 	}
-	fs := newFlagSet("bench", `
+	cfg, code, ok := b.config(stderr)
+	if !ok {
+		return code
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if rep != nil {
+		if *b.jsonOut {
+			_ = rep.WriteJSON(stdout)
+		} else {
+			_ = rep.WriteMarkdown(stdout)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kpar bench: %v\n", err)
+		return 1
+	}
+	if rep.Failed() {
+		fmt.Fprintln(stderr, "kpar bench: some runs failed; see the error notes in the table")
+		return 1
+	}
+	return 0
+}
+
+// benchChild runs a child process of the bench (a contender, or the
+// broker of --broker-process) when args ask for one, and reports whether
+// they did.
+func benchChild(ctx context.Context, args []string, stdout, stderr io.Writer) (code int, ok bool) {
+	serve := map[string]func(context.Context, io.Reader, io.Writer) error{
+		benchChildFlag:       bench.ServeChild,
+		benchBrokerChildFlag: bench.ServeBroker,
+	}
+	if len(args) == 0 || serve[args[0]] == nil {
+		return 0, false
+	}
+	if err := serve[args[0]](ctx, os.Stdin, stdout); err != nil {
+		fmt.Fprintf(stderr, "kpar bench: %v\n", err)
+		return 1, true
+	}
+	return 0, true
+}
+
+// benchUsage is kpar bench's synopsis and description.
+const benchUsage = `
 
 Runs each contender against one kfake broker loaded with the same topics (in
 this process, or with --broker-process in a child process), one after the
@@ -90,78 +125,131 @@ the raw bytes in the same run; ratio and CPU per record).
 
 --partitions takes a list: each scenario runs at every count in it (commits
 and memory default to 8,256,1024: memory runs its first backlog at each and
-reports RSS per partition; the others to 8).`, stderr)
-	scenarios := fs.String("scenario", "all", "comma-separated `scenarios` to run: "+strings.Join(bench.Scenarios(), ", ")+", or all")
-	contenders := fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.AllContenders(), ", ")+", or all")
-	records := fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; decode 30000; batch 100000; share 100000); 0 keeps the defaults")
-	partitions := fs.String("partitions", "", "comma-separated partition `counts` of every topic but pc-volume's and share's (always 1); each scenario runs at each count (default: 8; commits and memory 8,256,1024)")
-	members := fs.String("members", "1,4,16", "comma-separated group `sizes` of the commits scenario")
-	handlers := fs.String("handler", "noop,io", "comma-separated `handlers` of the commits scenario: noop, io (a --latency sleep)")
-	commitIntervals := fs.String("commit-interval", "default", "comma-separated kpar CommitInterval `durations` of the commits scenario; default is the library's (5ms)")
-	commitBudgets := fs.String("commit-budget", "default", "comma-separated kpar CommitBudget values of the commits scenario, in group `commits/s`; default is the library's (1000), 0 none")
-	steady := fs.Duration("steady", 3*time.Second, "measured window of each commits cell, after a warm-up (1s; noop 250ms); shorter when the backlog runs low")
-	kills := fs.Int("kills", 1, "how many times each commits cell with the io handler kills a member at a random moment and replaces it, to count the duplicates; 0 for none")
-	valueBytes := fs.Int("value-bytes", 100, "value size of the noop, io, keys, cpu, pc-volume and crash records (memory's are 16 bytes)")
-	latency := fs.Duration("latency", 5*time.Millisecond, "handler latency of the io and keys scenarios (a sleep)")
-	concurrency := fs.Int("concurrency", 256, "concurrency of the io and keys scenarios (noop, cpu, memory and crash use kpar's default 64; pc-volume 100)")
-	cpuWork := fs.Duration("cpu-work", 50*time.Microsecond, "CPU time each record burns in the cpu scenario")
-	backlogs := fs.String("backlogs", "100000,1000000,10000000", "comma-separated backlog `sizes` of the memory scenario")
-	timeCap := fs.Duration("time-cap", 5*time.Second, "longest a run of io, keys or cpu may take; a slower contender is stopped and rated on what it handled")
-	fetchMaxWait := fs.Duration("fetch-max-wait", 0, "pass this fetch long-poll wait to every contender's client instead of each one's default (kpar 500ms, franz-go 5s, sarama 500ms); 0 keeps the defaults")
-	rounds := fs.Int("rounds", 3, "how many times noop runs each contender, and forward and batch alternate the generator and kpar, before reporting each one's median")
-	cpuProfile := fs.String("cpuprofile", "", "write each run's CPU profile, of its measured interval only, to `PREFIX`-<scenario>-<contender>-<n>.pprof (for go tool pprof)")
-	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a Markdown table")
-	brokerProcess := fs.Bool("broker-process", false, "run the broker in a child process instead of in the bench's own, so that the contenders' heap and collector carry none of the broker's records and buffers (not for the crash scenario)")
-	if code, ok := fs.parse(args); !ok {
-		return code
-	}
-	if fs.NArg() > 0 {
-		return fs.usageError("unexpected argument %q", fs.Arg(0))
-	}
+reports RSS per partition; the others to 8).`
 
+// benchFlags are kpar bench's flags.
+type benchFlags struct {
+	fs              *flagSet
+	scenarios       *string
+	contenders      *string
+	records         *int
+	partitions      *string
+	members         *string
+	handlers        *string
+	commitIntervals *string
+	commitBudgets   *string
+	steady          *time.Duration
+	kills           *int
+	valueBytes      *int
+	latency         *time.Duration
+	concurrency     *int
+	cpuWork         *time.Duration
+	backlogs        *string
+	timeCap         *time.Duration
+	fetchMaxWait    *time.Duration
+	rounds          *int
+	cpuProfile      *string
+	jsonOut         *bool
+	brokerProcess   *bool
+}
+
+// parseBench defines kpar bench's flags and parses args.
+func parseBench(args []string, stderr io.Writer) (*benchFlags, int, bool) {
+	fs := newFlagSet("bench", benchUsage, stderr)
+	b := &benchFlags{fs: fs}
+	b.scenarios = fs.String("scenario", "all", "comma-separated `scenarios` to run: "+strings.Join(bench.Scenarios(), ", ")+", or all")
+	b.contenders = fs.String("contenders", "all", "comma-separated `contenders` to run: "+strings.Join(bench.AllContenders(), ", ")+", or all")
+	b.records = fs.Int("records", 0, "records per run, overriding each scenario's default (noop 1000000; io, keys, cpu 50000; pc-volume 10000; crash 20000; adaptive 10000; rate 3000; forward 30000; decode 30000; batch 100000; share 100000); 0 keeps the defaults")
+	b.partitions = fs.String("partitions", "", "comma-separated partition `counts` of every topic but pc-volume's and share's (always 1); each scenario runs at each count (default: 8; commits and memory 8,256,1024)")
+	b.members = fs.String("members", "1,4,16", "comma-separated group `sizes` of the commits scenario")
+	b.handlers = fs.String("handler", "noop,io", "comma-separated `handlers` of the commits scenario: noop, io (a --latency sleep)")
+	b.commitIntervals = fs.String("commit-interval", "default", "comma-separated kpar CommitInterval `durations` of the commits scenario; default is the library's (5ms)")
+	b.commitBudgets = fs.String("commit-budget", "default", "comma-separated kpar CommitBudget values of the commits scenario, in group `commits/s`; default is the library's (1000), 0 none")
+	b.steady = fs.Duration("steady", 3*time.Second, "measured window of each commits cell, after a warm-up (1s; noop 250ms); shorter when the backlog runs low")
+	b.kills = fs.Int("kills", 1, "how many times each commits cell with the io handler kills a member at a random moment and replaces it, to count the duplicates; 0 for none")
+	b.valueBytes = fs.Int("value-bytes", 100, "value size of the noop, io, keys, cpu, pc-volume and crash records (memory's are 16 bytes)")
+	b.latency = fs.Duration("latency", 5*time.Millisecond, "handler latency of the io and keys scenarios (a sleep)")
+	b.concurrency = fs.Int("concurrency", 256, "concurrency of the io and keys scenarios (noop, cpu, memory and crash use kpar's default 64; pc-volume 100)")
+	b.cpuWork = fs.Duration("cpu-work", 50*time.Microsecond, "CPU time each record burns in the cpu scenario")
+	b.backlogs = fs.String("backlogs", "100000,1000000,10000000", "comma-separated backlog `sizes` of the memory scenario")
+	b.timeCap = fs.Duration("time-cap", 5*time.Second, "longest a run of io, keys or cpu may take; a slower contender is stopped and rated on what it handled")
+	b.fetchMaxWait = fs.Duration("fetch-max-wait", 0, "pass this fetch long-poll wait to every contender's client instead of each one's default (kpar 500ms, franz-go 5s, sarama 500ms); 0 keeps the defaults")
+	b.rounds = fs.Int("rounds", 3, "how many times noop runs each contender, and forward and batch alternate the generator and kpar, before reporting each one's median")
+	b.cpuProfile = fs.String("cpuprofile", "", "write each run's CPU profile, of its measured interval only, to `PREFIX`-<scenario>-<contender>-<n>.pprof (for go tool pprof)")
+	b.jsonOut = fs.Bool("json", false, "print the report as JSON instead of a Markdown table")
+	b.brokerProcess = fs.Bool("broker-process", false, "run the broker in a child process instead of in the bench's own, so that the contenders' heap and collector carry none of the broker's records and buffers (not for the crash scenario)")
+	if code, ok := fs.parseArgs(args); !ok {
+		return nil, code, false
+	}
+	return b, 0, true
+}
+
+// config is the bench.Config the flags ask for.
+func (b *benchFlags) config(stderr io.Writer) (bench.Config, int, bool) {
 	cfg := bench.Config{
-		Records:      *records,
-		Steady:       *steady,
-		Kills:        *kills,
-		ValueBytes:   *valueBytes,
-		Latency:      *latency,
-		Concurrency:  *concurrency,
-		CPUWork:      *cpuWork,
-		TimeCap:      *timeCap,
-		Rounds:       *rounds,
-		FetchMaxWait: *fetchMaxWait,
-		CPUProfile:   *cpuProfile,
+		Records:      *b.records,
+		Steady:       *b.steady,
+		Kills:        *b.kills,
+		ValueBytes:   *b.valueBytes,
+		Latency:      *b.latency,
+		Concurrency:  *b.concurrency,
+		CPUWork:      *b.cpuWork,
+		TimeCap:      *b.timeCap,
+		Rounds:       *b.rounds,
+		FetchMaxWait: *b.fetchMaxWait,
+		CPUProfile:   *b.cpuProfile,
 		Progress:     stderr,
 		Spawn: func(ctx context.Context) *exec.Cmd {
 			return exec.CommandContext(ctx, selfExecutable(), "bench", benchChildFlag)
 		},
 	}
-	if *brokerProcess {
+	if *b.brokerProcess {
 		cfg.SpawnBroker = func() *exec.Cmd {
 			cmd := exec.Command(selfExecutable(), "bench", benchBrokerChildFlag)
 			cmd.Stderr = stderr
 			return cmd
 		}
 	}
-	var err error
-	if cfg.Scenarios, err = list(*scenarios, bench.Scenarios()); err != nil {
-		return fs.usageError("invalid --scenario %q: %v", *scenarios, err)
+	if *b.kills == 0 {
+		cfg.Kills = -1 // none
 	}
-	if cfg.Contenders, err = list(*contenders, bench.AllContenders()); err != nil {
-		return fs.usageError("invalid --contenders %q: %v", *contenders, err)
-	}
-	if strings.TrimSpace(*partitions) != "" {
-		if cfg.PartitionCounts, err = ints(*partitions, 1, 4096); err != nil {
-			return fs.usageError("invalid --partitions %q: %v", *partitions, err)
+	for _, step := range []func(*bench.Config) (int, bool){b.lists, b.commitLists, b.backlogList, b.check} {
+		if code, ok := step(&cfg); !ok {
+			return cfg, code, false
 		}
 	}
-	if cfg.Members, err = ints(*members, 1, 64); err != nil {
-		return fs.usageError("invalid --members %q: %v", *members, err)
+	return cfg, 0, true
+}
+
+// lists reads the scenario, contender, partition, member and handler
+// lists.
+func (b *benchFlags) lists(cfg *bench.Config) (code int, ok bool) {
+	fs := b.fs
+	var err error
+	if cfg.Scenarios, err = list(*b.scenarios, bench.Scenarios()); err != nil {
+		return fs.usageError("invalid --scenario %q: %v", *b.scenarios, err), false
 	}
-	if cfg.Handlers, err = list(*handlers, bench.Handlers()); err != nil {
-		return fs.usageError("invalid --handler %q: %v", *handlers, err)
+	if cfg.Contenders, err = list(*b.contenders, bench.AllContenders()); err != nil {
+		return fs.usageError("invalid --contenders %q: %v", *b.contenders, err), false
 	}
-	for _, s := range strings.Split(*commitIntervals, ",") {
+	if strings.TrimSpace(*b.partitions) != "" {
+		if cfg.PartitionCounts, err = ints(*b.partitions, 1, 4096); err != nil {
+			return fs.usageError("invalid --partitions %q: %v", *b.partitions, err), false
+		}
+	}
+	if cfg.Members, err = ints(*b.members, 1, 64); err != nil {
+		return fs.usageError("invalid --members %q: %v", *b.members, err), false
+	}
+	if cfg.Handlers, err = list(*b.handlers, bench.Handlers()); err != nil {
+		return fs.usageError("invalid --handler %q: %v", *b.handlers, err), false
+	}
+	return 0, true
+}
+
+// commitLists reads the commits scenario's --commit-interval and
+// --commit-budget lists.
+func (b *benchFlags) commitLists(cfg *bench.Config) (code int, ok bool) {
+	for _, s := range strings.Split(*b.commitIntervals, ",") {
 		s = strings.TrimSpace(s)
 		if s == "default" {
 			cfg.CommitIntervals = append(cfg.CommitIntervals, 0)
@@ -169,72 +257,62 @@ reports RSS per partition; the others to 8).`, stderr)
 		}
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 || d > 10*time.Second {
-			return fs.usageError("invalid --commit-interval %q: want default or durations from 1ms to 10s, comma-separated", *commitIntervals)
+			return b.fs.usageError("invalid --commit-interval %q: want default or durations from 1ms to 10s, comma-separated", *b.commitIntervals), false
 		}
 		cfg.CommitIntervals = append(cfg.CommitIntervals, d)
 	}
-	for _, s := range strings.Split(*commitBudgets, ",") {
+	for _, s := range strings.Split(*b.commitBudgets, ",") {
 		s = strings.TrimSpace(s)
 		if s == "default" {
 			cfg.CommitBudgets = append(cfg.CommitBudgets, -1)
 			continue
 		}
-		b, err := strconv.ParseFloat(s, 64)
-		if err != nil || !(b >= 0) || b > 1e6 {
-			return fs.usageError("invalid --commit-budget %q: want default, 0 or commits a second up to 1000000, comma-separated", *commitBudgets)
+		budget, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(budget >= 0) || budget > 1e6 {
+			return b.fs.usageError("invalid --commit-budget %q: want default, 0 or commits a second up to 1000000, comma-separated", *b.commitBudgets), false
 		}
-		cfg.CommitBudgets = append(cfg.CommitBudgets, b)
+		cfg.CommitBudgets = append(cfg.CommitBudgets, budget)
 	}
-	if *kills == 0 {
-		cfg.Kills = -1 // none
-	}
-	for _, s := range strings.Split(*backlogs, ",") {
+	return 0, true
+}
+
+// backlogList reads --backlogs.
+func (b *benchFlags) backlogList(cfg *bench.Config) (code int, ok bool) {
+	for _, s := range strings.Split(*b.backlogs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 100_000_000 {
-			return fs.usageError("invalid --backlogs %q: want sizes from 1 to 100000000, comma-separated", *backlogs)
+			return b.fs.usageError("invalid --backlogs %q: want sizes from 1 to 100000000, comma-separated", *b.backlogs), false
 		}
 		cfg.Backlogs = append(cfg.Backlogs, n)
 	}
-	switch {
-	case *records < 0 || *records > 100_000_000:
-		return fs.usageError("invalid --records %d: want 0 (the defaults) to 100000000", *records)
-	case *rounds < 1 || *rounds > 99:
-		return fs.usageError("invalid --rounds %d: want 1 to 99", *rounds)
-	case *steady <= 0 || *steady > 10*time.Minute:
-		return fs.usageError("invalid --steady %v: want more than 0, up to 10m", *steady)
-	case *kills < 0 || *kills > 100:
-		return fs.usageError("invalid --kills %d: want 0 to 100", *kills)
-	case *valueBytes < 1 || *valueBytes > 1<<20:
-		return fs.usageError("invalid --value-bytes %d: want 1 to 1048576", *valueBytes)
-	case *latency <= 0 || *latency > 10*time.Second:
-		return fs.usageError("invalid --latency %v: want more than 0, up to 10s", *latency)
-	case *concurrency < 1 || *concurrency > 1<<16:
-		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
-	case *cpuWork <= 0 || *cpuWork > time.Second:
-		return fs.usageError("invalid --cpu-work %v: want more than 0, up to 1s", *cpuWork)
-	case *timeCap <= 0:
-		return fs.usageError("invalid --time-cap %v: want more than 0", *timeCap)
-	case *fetchMaxWait < 0 || *fetchMaxWait > time.Minute:
-		return fs.usageError("invalid --fetch-max-wait %v: want 0 (the defaults) to 1m", *fetchMaxWait)
-	}
+	return 0, true
+}
 
-	rep, err := bench.Run(ctx, cfg)
-	if rep != nil {
-		if *jsonOut {
-			_ = rep.WriteJSON(stdout)
-		} else {
-			_ = rep.WriteMarkdown(stdout)
-		}
+// check refuses a value out of its range.
+func (b *benchFlags) check(*bench.Config) (code int, ok bool) {
+	switch {
+	case *b.records < 0 || *b.records > 100_000_000:
+		return b.fs.usageError("invalid --records %d: want 0 (the defaults) to 100000000", *b.records), false
+	case *b.rounds < 1 || *b.rounds > 99:
+		return b.fs.usageError("invalid --rounds %d: want 1 to 99", *b.rounds), false
+	case *b.steady <= 0 || *b.steady > 10*time.Minute:
+		return b.fs.usageError("invalid --steady %v: want more than 0, up to 10m", *b.steady), false
+	case *b.kills < 0 || *b.kills > 100:
+		return b.fs.usageError("invalid --kills %d: want 0 to 100", *b.kills), false
+	case *b.valueBytes < 1 || *b.valueBytes > 1<<20:
+		return b.fs.usageError("invalid --value-bytes %d: want 1 to 1048576", *b.valueBytes), false
+	case *b.latency <= 0 || *b.latency > 10*time.Second:
+		return b.fs.usageError("invalid --latency %v: want more than 0, up to 10s", *b.latency), false
+	case *b.concurrency < 1 || *b.concurrency > 1<<16:
+		return b.fs.usageError("invalid --concurrency %d: want 1 to 65536", *b.concurrency), false
+	case *b.cpuWork <= 0 || *b.cpuWork > time.Second:
+		return b.fs.usageError("invalid --cpu-work %v: want more than 0, up to 1s", *b.cpuWork), false
+	case *b.timeCap <= 0:
+		return b.fs.usageError("invalid --time-cap %v: want more than 0", *b.timeCap), false
+	case *b.fetchMaxWait < 0 || *b.fetchMaxWait > time.Minute:
+		return b.fs.usageError("invalid --fetch-max-wait %v: want 0 (the defaults) to 1m", *b.fetchMaxWait), false
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "kpar bench: %v\n", err)
-		return 1
-	}
-	if rep.Failed() {
-		fmt.Fprintln(stderr, "kpar bench: some runs failed; see the error notes in the table")
-		return 1
-	}
-	return 0
+	return 0, true
 }
 
 // ints parses a comma-separated list of distinct integers from lo to hi,

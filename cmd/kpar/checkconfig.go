@@ -43,12 +43,21 @@ func (cc checkConfig) enabled() bool { return *cc.on }
 
 // openSink opens the dead-letter sink, or in a dry run stands in for it
 // with one that takes nothing: a file sink would create its file, a
-// PostgreSQL sink would connect.
+// PostgreSQL sink would connect. A Kafka sink stands in as itself on a
+// client that is never used (a kgo client connects on its first request),
+// so that the library sees the kind of sink --exactly-once needs.
 func (cc checkConfig) openSink(ctx context.Context, s deadLetterSink, seeds []string, secOpts []kgo.Opt, log *slog.Logger) (deadletter.Sink, func(), error) {
-	if cc.enabled() {
-		return dryRunSink{}, func() {}, nil
+	switch {
+	case !cc.enabled():
+		return s.open(ctx, seeds, secOpts, log)
+	case s.scheme == "kafka":
+		cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+		if err != nil {
+			return nil, nil, err
+		}
+		return deadletter.NewKafkaSink(cl), cl.Close, nil
 	}
-	return s.open(ctx, seeds, secOpts, log)
+	return dryRunSink{}, func() {}, nil
 }
 
 // invalid is the exit code of a configuration the library refused: 2 in a

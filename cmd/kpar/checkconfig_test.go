@@ -77,7 +77,8 @@ func TestForwardCheckConfigPrintsWhatItWouldDoAndContactsNothing(t *testing.T) {
 
 // Every bad configuration exits 2 with one line naming what is wrong: a
 // bad flag, a bad combination, a bad variable, an option the library
-// refuses (which the daemon reports with exit 1 once it has started), and
+// refuses (in the flags' words: the daemon asks the library before it
+// starts, and exits 2 too), and
 // a KPAR_* variable no flag reads (misspelt, it would be ignored silently).
 func TestForwardCheckConfigRefusesABadConfiguration(t *testing.T) {
 	base := []string{"--check-config", "--brokers", "127.0.0.1:9092", "--group", "g", "--topic", "t", "--url", "http://127.0.0.1:8080/in"}
@@ -90,7 +91,7 @@ func TestForwardCheckConfigRefusesABadConfiguration(t *testing.T) {
 		{"bad flag", append(slices.Clone(base), "--concurrency", "0"), nil, "--concurrency"},
 		{"bad combination", append(slices.Clone(base), "--exactly-once", "--dead-letters", "file:///tmp/x"), nil, "--exactly-once"},
 		{"bad variable", base, map[string]string{"KPAR_ORDERING": "random"}, "KPAR_ORDERING"},
-		{"refused by the library", append(slices.Clone(base), "--commit-interval", "0s"), nil, "CommitInterval(0s)"},
+		{"refused by the library", append(slices.Clone(base), "--commit-interval", "0s"), nil, "--commit-interval 0s out of range"},
 		{"unknown variable", base, map[string]string{"KPAR_CONCURENCY": "8"}, "unknown KPAR_CONCURENCY"},
 		{"two unknown variables", base, map[string]string{"KPAR_A": "1", "KPAR_B": "2"}, "unknown KPAR_A, KPAR_B"},
 	} {

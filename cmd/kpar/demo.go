@@ -38,7 +38,31 @@ var errSimulated = errors.New("simulated failure")
 // handled so far); 1 when a guarantee was broken or the demo could not run;
 // 2 for bad usage.
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("demo", `
+	d, jsonOut, code, ok := parseDemo(args, stderr)
+	if !ok {
+		return code
+	}
+	sum, err := d.run(ctx, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kpar demo: %v\n", err)
+		if sum == nil {
+			return 1
+		}
+	}
+	if jsonOut {
+		b, _ := json.Marshal(sum)
+		fmt.Fprintf(stdout, "%s\n", b)
+	} else {
+		d.printSummary(stdout, sum)
+	}
+	if err != nil || !d.passed(sum) {
+		return 1
+	}
+	return 0
+}
+
+// demoUsage is kpar demo's synopsis and description.
+const demoUsage = `
 
 Starts an in-process Kafka broker (franz-go's kfake) on 127.0.0.1, creates
 the topic kpar-demo, produces --records records to it (record i has key
@@ -65,7 +89,12 @@ reported then (null in --json).
 
 Exits 0 when nothing was lost, no commit passed an unfinished record and,
 in key and partition mode, no order was violated; 1 otherwise or when the
-demo could not run.`, stderr)
+demo could not run.`
+
+// parseDemo defines kpar demo's flags, parses args, checks them and makes
+// the demo they ask for, and says whether --json was given.
+func parseDemo(args []string, stderr io.Writer) (d *demo, jsonOut bool, code int, ok bool) {
+	fs := newFlagSet("demo", demoUsage, stderr)
 	records := fs.Int("records", 100000, "records to produce")
 	partitions := fs.Int("partitions", 8, "partitions of the demo topic")
 	keys := fs.Int("keys", 1000, "distinct record keys")
@@ -74,30 +103,26 @@ demo could not run.`, stderr)
 	fs.TextVar(&ord, "ordering", kpar.ByKey, "what runs in order: `key` (per key and partition), partition, or unordered")
 	maxLatency := fs.Duration("max-latency", 5*time.Millisecond, "longest simulated handling; each attempt waits a uniformly random time from 0 to this")
 	failRate := fs.Float64("fail-rate", 0, "fraction of attempts that fail and are retried, from 0 to below 1")
-	jsonOut := fs.Bool("json", false, "print the summary as one JSON object with the keys produced, handled, duplicates, lost, order_violations, commit_violations and seconds")
-	if code, ok := fs.parse(args); !ok {
-		return code
-	}
-	if fs.NArg() > 0 {
-		return fs.usageError("unexpected argument %q", fs.Arg(0))
+	asJSON := fs.Bool("json", false, "print the summary as one JSON object with the keys produced, handled, duplicates, lost, order_violations, commit_violations and seconds")
+	if code, ok := fs.parseArgs(args); !ok {
+		return nil, false, code, false
 	}
 	switch {
 	case *records < 1 || *records > 10_000_000:
-		return fs.usageError("invalid --records %d: want 1 to 10000000", *records)
+		return nil, false, fs.usageError("invalid --records %d: want 1 to 10000000", *records), false
 	case *partitions < 1 || *partitions > 1000:
-		return fs.usageError("invalid --partitions %d: want 1 to 1000", *partitions)
+		return nil, false, fs.usageError("invalid --partitions %d: want 1 to 1000", *partitions), false
 	case *keys < 1 || *keys > 1_000_000:
-		return fs.usageError("invalid --keys %d: want 1 to 1000000", *keys)
+		return nil, false, fs.usageError("invalid --keys %d: want 1 to 1000000", *keys), false
 	case *concurrency < 1 || *concurrency > 1<<16:
-		return fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency)
+		return nil, false, fs.usageError("invalid --concurrency %d: want 1 to 65536", *concurrency), false
 	case *maxLatency < 0 || *maxLatency > 10*time.Second:
-		return fs.usageError("invalid --max-latency %v: want 0 to 10s", *maxLatency)
+		return nil, false, fs.usageError("invalid --max-latency %v: want 0 to 10s", *maxLatency), false
 	case !(*failRate >= 0 && *failRate < 1): // also rejects NaN
-		return fs.usageError("invalid --fail-rate %v: want 0 to below 1", *failRate)
+		return nil, false, fs.usageError("invalid --fail-rate %v: want 0 to below 1", *failRate), false
 	}
-
 	l := ledger.New(ledger.ByKey, int64(*records)) // key order, in every mode: unordered shows what it costs
-	d := &demo{
+	return &demo{
 		records:     *records,
 		partitions:  *partitions,
 		keys:        *keys,
@@ -107,24 +132,7 @@ demo could not run.`, stderr)
 		failRate:    *failRate,
 		ledger:      l,
 		commits:     &commitTracker{topic: demoTopic, ledger: l, offsets: map[int32]int64{}},
-	}
-	sum, err := d.run(ctx, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "kpar demo: %v\n", err)
-		if sum == nil {
-			return 1
-		}
-	}
-	if *jsonOut {
-		b, _ := json.Marshal(sum)
-		fmt.Fprintf(stdout, "%s\n", b)
-	} else {
-		d.printSummary(stdout, sum)
-	}
-	if err != nil || !d.passed(sum) {
-		return 1
-	}
-	return 0
+	}, *asJSON, 0, true
 }
 
 // demo is one run of `kpar demo`.
@@ -173,24 +181,50 @@ func (d *demo) run(ctx context.Context, stderr io.Writer) (*demoSummary, error) 
 		return nil, fmt.Errorf("starting the embedded broker: %w", err)
 	}
 	defer broker.Close()
+	producer, consumer, err := d.clients(ctx, broker.Addr())
+	if err != nil {
+		return nil, err
+	}
+	defer producer.Close()
 
+	r := &demoRun{d: d, view: newDemoView(stderr, d), start: time.Now(), consumer: consumer}
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	r.runDone = make(chan error, 1)
+	go func() { r.runDone <- consumer.Run(runCtx) }()
+	prodCtx, stopProducing := context.WithCancel(ctx)
+	defer stopProducing()
+	r.prodDone = make(chan error, 1)
+	go func() { r.prodDone <- d.produce(prodCtx, producer) }()
+	r.ticker = time.NewTicker(r.view.interval())
+	defer r.ticker.Stop()
+
+	r.wait(ctx)
+	r.drain(ctx, stopProducing, stopRun)
+	elapsed := time.Since(r.start)
+	r.view.finish(d.progress(r.start, nil))
+	return d.summary(ctx, elapsed, r.finished, r.prodErr, r.runErr)
+}
+
+// clients makes the demo's producer and its kpar consumer on the broker
+// at addr, and the demo topic.
+func (d *demo) clients(ctx context.Context, addr string) (*kgo.Client, *kpar.Consumer, error) {
 	// A partition's records must be acknowledged in the order they were
 	// produced for the per-key order check to mean anything: kgo's default
 	// idempotent producer guarantees that. Keys are hashed to partitions,
 	// so a key's records all land in one partition.
-	producer, err := kgo.NewClient(kgo.SeedBrokers(broker.Addr()))
+	producer, err := kgo.NewClient(kgo.SeedBrokers(addr))
 	if err != nil {
-		return nil, fmt.Errorf("creating the producer: %w", err)
+		return nil, nil, fmt.Errorf("creating the producer: %w", err)
 	}
-	defer producer.Close()
 	// The consumer joins before the topic exists otherwise, and would only
 	// see it at its next metadata refresh.
 	if _, err := kadm.NewClient(producer).CreateTopic(ctx, int32(d.partitions), 1, nil, demoTopic); err != nil {
-		return nil, fmt.Errorf("creating topic %s: %w", demoTopic, err)
+		producer.Close()
+		return nil, nil, fmt.Errorf("creating topic %s: %w", demoTopic, err)
 	}
-
 	consumer, err := kpar.New(kpar.HandlerFunc(d.handle),
-		kpar.Brokers(broker.Addr()),
+		kpar.Brokers(addr),
 		kpar.Group(demoGroup),
 		kpar.Topics(demoTopic),
 		kpar.Concurrency(d.concurrency),
@@ -203,90 +237,98 @@ func (d *demo) run(ctx context.Context, stderr io.Writer) (*demoSummary, error) 
 		kpar.WithHooks(d.commits),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("creating the consumer: %w", err)
+		producer.Close()
+		return nil, nil, fmt.Errorf("creating the consumer: %w", err)
 	}
+	return producer, consumer, nil
+}
 
-	view := newDemoView(stderr, d)
-	start := time.Now()
-	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
-	runDone := make(chan error, 1)
-	go func() { runDone <- consumer.Run(runCtx) }()
-	prodCtx, stopProducing := context.WithCancel(ctx)
-	defer stopProducing()
-	prodDone := make(chan error, 1)
-	go func() { prodDone <- d.produce(prodCtx, producer) }()
+// demoRun is a demo's run in progress: the consumer's and the producer's
+// goroutines report on runDone and prodDone.
+type demoRun struct {
+	d                 *demo
+	view              *demoView
+	start             time.Time
+	consumer          *kpar.Consumer
+	ticker            *time.Ticker
+	runDone, prodDone chan error
 
-	ticker := time.NewTicker(view.interval())
-	defer ticker.Stop()
-	var (
-		finished, runReturned bool
-		runErr, prodErr       error
-	)
-loop:
+	finished, runReturned bool
+	runErr, prodErr       error
+}
+
+// wait redraws the progress until every record was handled, ctx is done,
+// the producer failed or the consumer stopped.
+func (r *demoRun) wait(ctx context.Context) {
 	for {
 		select {
-		case <-ticker.C:
-			view.draw(d.progress(start, consumer.Partitions()))
-		case <-d.ledger.AllHandled():
-			finished = true
-			break loop
+		case <-r.ticker.C:
+			r.view.draw(r.d.progress(r.start, r.consumer.Partitions()))
+		case <-r.d.ledger.AllHandled():
+			r.finished = true
+			return
 		case <-ctx.Done():
-			break loop
-		case err := <-prodDone:
-			prodDone = nil
+			return
+		case err := <-r.prodDone:
+			r.prodDone = nil
 			if err != nil && ctx.Err() == nil {
-				prodErr = fmt.Errorf("producing: %w", err)
-				break loop
+				r.prodErr = fmt.Errorf("producing: %w", err)
+				return
 			}
-		case runErr = <-runDone:
-			runReturned = true
-			break loop
+		case r.runErr = <-r.runDone:
+			r.runReturned = true
+			return
 		}
 	}
-	view.draw(d.progress(start, consumer.Partitions()))
+}
+
+// drain stops the producer (once it acknowledged every record, after a
+// finished run) and the consumer, showing the progress until it returns.
+func (r *demoRun) drain(ctx context.Context, stopProducing, stopRun func()) {
+	r.view.draw(r.d.progress(r.start, r.consumer.Partitions()))
 	// A record can be consumed before its acknowledgement reaches the
 	// producer: after a finished run, wait for the last ones.
-	if !finished {
+	if !r.finished {
 		stopProducing()
 	}
-	if prodDone != nil {
-		if err := <-prodDone; err != nil && prodErr == nil && ctx.Err() == nil {
-			prodErr = fmt.Errorf("producing: %w", err)
+	if r.prodDone != nil {
+		if err := <-r.prodDone; err != nil && r.prodErr == nil && ctx.Err() == nil {
+			r.prodErr = fmt.Errorf("producing: %w", err)
 		}
 	}
 	stopRun()
-	if runReturned {
-		if runErr == nil {
-			runErr = errors.New("the consumer stopped before every record was handled")
+	if r.runReturned {
+		if r.runErr == nil {
+			r.runErr = errors.New("the consumer stopped before every record was handled")
 		}
-	} else if !finished {
+	} else if !r.finished {
 		// The drain can take seconds with slow handlers: keep showing it.
-		view.status("stopping: finishing the records in flight and buffered, then committing")
+		r.view.status("stopping: finishing the records in flight and buffered, then committing")
 	}
-	for !runReturned {
+	for !r.runReturned {
 		select {
-		case <-ticker.C:
-			view.draw(d.progress(start, consumer.Partitions()))
-		case runErr = <-runDone:
-			runReturned = true
+		case <-r.ticker.C:
+			r.view.draw(r.d.progress(r.start, r.consumer.Partitions()))
+		case r.runErr = <-r.runDone:
+			r.runReturned = true
 		}
 	}
-	elapsed := time.Since(start)
-	view.finish(d.progress(start, nil))
+}
 
+// summary is the run's account from the ledger, and its error from those
+// of the producer and the consumer.
+func (d *demo) summary(ctx context.Context, elapsed time.Duration, finished bool, prodErr, runErr error) (*demoSummary, error) {
 	rep := d.ledger.Report()
-	handled, duplicates, violations := rep.Handled, rep.Duplicates, rep.OrderViolations
 	sum := &demoSummary{
 		Produced:         d.produced.Load(),
-		Handled:          handled,
-		Duplicates:       duplicates,
-		OrderViolations:  violations,
+		Handled:          rep.Handled,
+		Duplicates:       rep.Duplicates,
+		OrderViolations:  rep.OrderViolations,
 		CommitViolations: rep.CommitViolations,
 		Seconds:          math.Round(elapsed.Seconds()*1000) / 1000,
 	}
 	if finished {
-		lost := sum.Produced - handled
+		lost := sum.Produced - rep.Handled
 		sum.Lost = &lost
 	}
 	if ctx.Err() != nil && (errors.Is(runErr, kpar.ErrShutdownTimeout) || errors.Is(runErr, kpar.ErrFinalCommit)) {

@@ -200,14 +200,7 @@ type dlqStatsReport struct {
 }
 
 func dlqStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newDLQFlags("stats", ` --source URL [--group G] [--error-class C] [--json]
-
-Reads every dead letter of the source once and prints: the total; the oldest
-and newest last failure; counts by consumer group (a record that two groups
-dead-lettered counts once for each); by error class; by error message,
-normalised (first line only, UUIDs, hex strings and numbers replaced by
-<uuid>, <hex> and <n>, blanks collapsed), most frequent first; and by
-original topic/partition. --json prints the same as one JSON object.`, stderr)
+	c := newDLQFlags("stats", dlqStatsUsage, stderr)
 	asJSON := c.fs.Bool("json", false, "print one JSON object instead of text")
 	if code, ok := c.fs.parse(args); !ok {
 		return code
@@ -219,38 +212,85 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 	if err != nil {
 		return dlqFail(stderr, "stats", err)
 	}
+	rep, err := collectStats(ctx, src, c.keep)
+	if err != nil {
+		return dlqFail(stderr, "stats", err)
+	}
+	if line := groupCounts(rep.ByGroup).merged("stats"); line != "" {
+		fmt.Fprintln(stderr, line)
+	}
+	if *asJSON {
+		if err := rep.writeJSON(stdout); err != nil {
+			return dlqFail(stderr, "stats", err)
+		}
+		return 0
+	}
+	rep.writeText(stdout)
+	return 0
+}
 
+// dlqStatsUsage is kpar dlq stats' synopsis and description.
+const dlqStatsUsage = ` --source URL [--group G] [--error-class C] [--json]
+
+Reads every dead letter of the source once and prints: the total; the oldest
+and newest last failure; counts by consumer group (a record that two groups
+dead-lettered counts once for each); by error class; by error message,
+normalised (first line only, UUIDs, hex strings and numbers replaced by
+<uuid>, <hex> and <n>, blanks collapsed), most frequent first; and by
+original topic/partition. --json prints the same as one JSON object.`
+
+// collectStats reads every letter of src that keep keeps into a report.
+func collectStats(ctx context.Context, src deadletter.Source, keep func(deadletter.Letter) bool) (dlqStatsReport, error) {
 	rep := dlqStatsReport{ByGroup: map[string]int{}, ByClass: map[string]int{}}
 	byMsg := map[string]int{}
-	type tp struct {
-		topic string
-		p     int32
-	}
-	byTP := map[tp]int{}
-	err = src.Read(ctx, func(l deadletter.Letter) error {
-		if !c.keep(l) {
+	byTP := map[topicPartition]int{}
+	err := src.Read(ctx, func(l deadletter.Letter) error {
+		if !keep(l) {
 			return nil
 		}
 		rep.Total++
 		rep.ByGroup[l.Group]++
 		rep.ByClass[string(l.Class)]++
 		byMsg[dlqNormalise(l.Message)]++
-		byTP[tp{l.Record.Topic, l.Record.Partition}]++
-		if t := l.LastFailure; t.IsZero() {
-			rep.UnknownLastFailure++
-		} else {
-			if rep.OldestLastFailure == nil || t.Before(*rep.OldestLastFailure) {
-				rep.OldestLastFailure = &t
-			}
-			if rep.NewestLastFailure == nil || t.After(*rep.NewestLastFailure) {
-				rep.NewestLastFailure = &t
-			}
-		}
+		byTP[topicPartition{l.Record.Topic, l.Record.Partition}]++
+		rep.addLastFailure(l.LastFailure)
 		return nil
 	})
 	if err != nil {
-		return dlqFail(stderr, "stats", err)
+		return rep, err
 	}
+	rep.sortCounts(byMsg, byTP)
+	for _, t := range []*time.Time{rep.OldestLastFailure, rep.NewestLastFailure} {
+		if t != nil {
+			*t = t.UTC()
+		}
+	}
+	return rep, nil
+}
+
+// topicPartition is a letter's original partition.
+type topicPartition struct {
+	topic string
+	p     int32
+}
+
+// addLastFailure counts a letter's last failure t.
+func (rep *dlqStatsReport) addLastFailure(t time.Time) {
+	if t.IsZero() {
+		rep.UnknownLastFailure++
+		return
+	}
+	if rep.OldestLastFailure == nil || t.Before(*rep.OldestLastFailure) {
+		rep.OldestLastFailure = &t
+	}
+	if rep.NewestLastFailure == nil || t.After(*rep.NewestLastFailure) {
+		rep.NewestLastFailure = &t
+	}
+}
+
+// sortCounts lists the counts by message, the largest first, and by
+// partition, in order.
+func (rep *dlqStatsReport) sortCounts(byMsg map[string]int, byTP map[topicPartition]int) {
 	for m, n := range byMsg {
 		rep.ByMessage = append(rep.ByMessage, dlqCount{Message: m, Count: n})
 	}
@@ -266,29 +306,23 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 		a, b := rep.ByPartition[i], rep.ByPartition[j]
 		return a.Topic < b.Topic || a.Topic == b.Topic && *a.Partition < *b.Partition
 	})
-	for _, t := range []*time.Time{rep.OldestLastFailure, rep.NewestLastFailure} {
-		if t != nil {
-			*t = t.UTC()
-		}
-	}
+}
 
-	if line := groupCounts(rep.ByGroup).merged("stats"); line != "" {
-		fmt.Fprintln(stderr, line)
+// writeJSON prints the report as one JSON object.
+func (rep dlqStatsReport) writeJSON(stdout io.Writer) error {
+	if rep.ByMessage == nil {
+		rep.ByMessage = []dlqCount{}
 	}
-	if *asJSON {
-		if rep.ByMessage == nil {
-			rep.ByMessage = []dlqCount{}
-		}
-		if rep.ByPartition == nil {
-			rep.ByPartition = []dlqCount{}
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return dlqFail(stderr, "stats", err)
-		}
-		return 0
+	if rep.ByPartition == nil {
+		rep.ByPartition = []dlqCount{}
 	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// writeText prints the report as text.
+func (rep dlqStatsReport) writeText(stdout io.Writer) {
 	fmt.Fprintf(stdout, "dead letters: %d\n", rep.Total)
 	fmt.Fprintf(stdout, "oldest last failure: %s\n", dlqTimePtr(rep.OldestLastFailure))
 	fmt.Fprintf(stdout, "newest last failure: %s\n", dlqTimePtr(rep.NewestLastFailure))
@@ -296,7 +330,7 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 		fmt.Fprintf(stdout, "unknown last failure: %d\n", rep.UnknownLastFailure)
 	}
 	if rep.Total == 0 {
-		return 0
+		return
 	}
 	fmt.Fprintln(stdout, "\nby group:")
 	for _, k := range byCount(rep.ByGroup) {
@@ -314,7 +348,6 @@ original topic/partition. --json prints the same as one JSON object.`, stderr)
 	for _, p := range rep.ByPartition {
 		fmt.Fprintf(stdout, "  %7d  %s/%d\n", p.Count, p.Topic, *p.Partition)
 	}
-	return 0
 }
 
 // byCount returns the keys of m, the largest count first, then by name.
@@ -499,7 +532,43 @@ func dlqParseSince(s string, now time.Time) (time.Time, error) {
 // ---- replay ----
 
 func dlqReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newDLQFlags("replay", ` --source URL [--to TOPIC] [--brokers LIST] [--group G] [--error-class C] [--dry-run] [--run-id ID]
+	r, code, ok := parseReplay(args, stderr)
+	if !ok {
+		return code
+	}
+	state, code, ok := r.journal()
+	if !ok {
+		return code
+	}
+	seeds, code, ok := r.seeds()
+	if !ok {
+		return code
+	}
+	src, err := r.open(ctx)
+	if err != nil {
+		return dlqFail(stderr, "replay", err)
+	}
+	var cl *kgo.Client
+	if seeds != nil {
+		if cl, err = r.client(ctx, seeds); err != nil {
+			return dlqFail(stderr, "replay", err)
+		}
+		defer cl.Close()
+	}
+	groups := groupCounts{}
+	rep, err := deadletter.Replay(ctx, src, cl, r.opts(state, groups, stdout)...)
+	if line := groups.merged("replay"); line != "" {
+		fmt.Fprintf(stderr, "%s (a record several of them dead-lettered is sent once)\n", line)
+	}
+	if err != nil {
+		return dlqFail(stderr, "replay", err)
+	}
+	r.report(rep, state, stdout, stderr)
+	return 0
+}
+
+// dlqReplayUsage is kpar dlq replay's synopsis and description.
+const dlqReplayUsage = ` --source URL [--to TOPIC] [--brokers LIST] [--group G] [--error-class C] [--dry-run] [--run-id ID]
 
 Sends the dead letters of the source back to Kafka: to each one's original
 topic, or to --to, on the partition with the original's number (modulo the
@@ -527,127 +596,146 @@ fsynced; the file is locked while a run is active). A re-run:
 So each dead letter is sent once per run id, across crashes, as long as the
 journal is kept; without it (another machine, a deleted file) or with
 another run id everything is sent again. --dry-run sends nothing, writes
-nothing, and prints what a run would send now.`, stderr)
-	to := c.fs.String("to", "", "replay every dead letter to `TOPIC` (default each one's original topic)")
-	brokers := c.fs.String("brokers", "", "seed brokers `host:port,...` to replay to (default the source's, for a kafka:// source)")
-	dryRun := c.fs.Bool("dry-run", false, "print what would be replayed; send and write nothing")
-	runID := c.fs.String("run-id", "", "replay run `ID` ([A-Za-z0-9._-]; default derived from --source, --to, --error-class and --group)")
-	stateDir := c.fs.String("state-dir", "", "`DIR` of replay journals (default $XDG_STATE_HOME/kpar/replay, else ~/.local/state/kpar/replay)")
-	if code, ok := c.fs.parse(args); !ok {
-		return code
+nothing, and prints what a run would send now.`
+
+// replayFlags are kpar dlq replay's flags.
+type replayFlags struct {
+	*dlqCommon
+	to, brokers, runID, stateDir *string
+	dryRun                       *bool
+}
+
+// parseReplay defines kpar dlq replay's flags, parses args and checks
+// them.
+func parseReplay(args []string, stderr io.Writer) (*replayFlags, int, bool) {
+	r := &replayFlags{dlqCommon: newDLQFlags("replay", dlqReplayUsage, stderr)}
+	r.to = r.fs.String("to", "", "replay every dead letter to `TOPIC` (default each one's original topic)")
+	r.brokers = r.fs.String("brokers", "", "seed brokers `host:port,...` to replay to (default the source's, for a kafka:// source)")
+	r.dryRun = r.fs.Bool("dry-run", false, "print what would be replayed; send and write nothing")
+	r.runID = r.fs.String("run-id", "", "replay run `ID` ([A-Za-z0-9._-]; default derived from --source, --to, --error-class and --group)")
+	r.stateDir = r.fs.String("state-dir", "", "`DIR` of replay journals (default $XDG_STATE_HOME/kpar/replay, else ~/.local/state/kpar/replay)")
+	if code, ok := r.fs.parse(args); !ok {
+		return nil, code, false
 	}
-	if code, ok := c.check(); !ok {
-		return code
+	if code, ok := r.check(); !ok {
+		return nil, code, false
 	}
-	if *runID == "" {
-		parts := []string{*c.source, *to, *c.class}
-		if *c.group != "" { // added only when given: the ids of runs without it stay as they were
-			parts = append(parts, *c.group)
+	return r, 0, true
+}
+
+// journal is the run's journal file ("" in a dry run without a state
+// directory), after setting the run id when none is given.
+func (r *replayFlags) journal() (state string, code int, ok bool) {
+	if *r.runID == "" {
+		parts := []string{*r.source, *r.to, *r.class}
+		if *r.group != "" { // added only when given: the ids of runs without it stay as they were
+			parts = append(parts, *r.group)
 		}
 		sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
-		*runID = "replay-" + hex.EncodeToString(sum[:8])
-	} else if !dlqRunIDRE.MatchString(*runID) {
-		return c.fs.usageError("invalid --run-id %q: want 1 to 200 of [A-Za-z0-9._-]", *runID)
+		*r.runID = "replay-" + hex.EncodeToString(sum[:8])
+	} else if !dlqRunIDRE.MatchString(*r.runID) {
+		return "", r.fs.usageError("invalid --run-id %q: want 1 to 200 of [A-Za-z0-9._-]", *r.runID), false
 	}
-	dir := *stateDir
+	dir := *r.stateDir
 	if dir == "" {
 		var err error
-		if dir, err = dlqStateDir(); err != nil && !*dryRun {
-			return c.fs.usageError("missing --state-dir: %v", err)
+		if dir, err = dlqStateDir(); err != nil && !*r.dryRun {
+			return "", r.fs.usageError("missing --state-dir: %v", err), false
 		}
 	}
-	state := ""
-	if dir != "" {
-		state = filepath.Join(dir, *runID+".journal")
+	if dir == "" {
+		return "", 0, true
 	}
+	return filepath.Join(dir, *r.runID+".journal"), 0, true
+}
 
-	var seeds []string
+// seeds are the brokers to replay to: --brokers, else the source's; nil
+// in a dry run without either.
+func (r *replayFlags) seeds() (seeds []string, code int, ok bool) {
+	var err error
 	switch {
-	case *brokers != "":
-		var err error
-		if seeds, err = splitBrokers(*brokers); err != nil {
-			return c.fs.usageError("invalid --brokers: %v", err)
+	case *r.brokers != "":
+		if seeds, err = splitBrokers(*r.brokers); err != nil {
+			return nil, r.fs.usageError("invalid --brokers: %v", err), false
 		}
-	case strings.HasPrefix(*c.source, "kafka://"):
-		var err error
-		if seeds, _, err = deadletter.ParseKafkaURL(*c.source); err != nil {
-			return c.fs.usageError("invalid --source: %v", err)
+	case strings.HasPrefix(*r.source, "kafka://"):
+		if seeds, _, err = deadletter.ParseKafkaURL(*r.source); err != nil {
+			return nil, r.fs.usageError("invalid --source: %v", err), false
 		}
-	case !*dryRun:
-		return c.fs.usageError("missing --brokers (or %s): needed to replay from a file or PostgreSQL source", envName("brokers"))
+	case !*r.dryRun:
+		return nil, r.fs.usageError("missing --brokers (or %s): needed to replay from a file or PostgreSQL source", envName("brokers")), false
 	}
-	secOpts, _ := c.sec.kgoOpts()
+	return seeds, 0, true
+}
 
-	src, err := c.open(ctx)
-	if err != nil {
-		return dlqFail(stderr, "replay", err)
+// client is the producer of the replay, once the brokers answered.
+func (r *replayFlags) client(ctx context.Context, seeds []string) (*kgo.Client, error) {
+	secOpts, _ := r.sec.kgoOpts()
+	if err := r.sec.checkBrokers(ctx, seeds, dlqConnectTimeout); err != nil {
+		return nil, err
 	}
-	var cl *kgo.Client
-	if seeds != nil {
-		if err := c.sec.checkBrokers(ctx, seeds, dlqConnectTimeout); err != nil {
-			return dlqFail(stderr, "replay", err)
-		}
-		cl, err = kgo.NewClient(append([]kgo.Opt{
-			kgo.SeedBrokers(seeds...),
-			kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		}, secOpts...)...)
-		if err != nil {
-			return dlqFail(stderr, "replay", err)
-		}
-		defer cl.Close()
-	}
+	return kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(seeds...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+	}, secOpts...)...)
+}
 
-	groups := groupCounts{}
+// opts are the replay's options: the run, its journal (state), the
+// filters (counting the kept letters per group in groups), and in a dry
+// run a line on stdout per letter.
+func (r *replayFlags) opts(state string, groups groupCounts, stdout io.Writer) []deadletter.ReplayOpt {
 	opts := []deadletter.ReplayOpt{
-		deadletter.ReplayRunID(*runID),
+		deadletter.ReplayRunID(*r.runID),
 		deadletter.ReplayStateFile(state),
-		deadletter.ReplayTo(*to),
+		deadletter.ReplayTo(*r.to),
 		deadletter.ReplayFilter(func(l deadletter.Letter) bool {
-			if !c.keep(l) {
+			if !r.keep(l) {
 				return false
 			}
 			groups[l.Group]++
 			return true
 		}),
 	}
-	if *dryRun {
+	if *r.dryRun {
 		opts = append(opts, deadletter.ReplayDryRun(), deadletter.ReplayOnLetter(func(e deadletter.ReplayEvent) {
-			part := "?"
-			if e.Partition >= 0 {
-				part = fmt.Sprint(e.Partition)
-			}
-			what := "would replay"
-			switch {
-			case e.Truncated:
-				what = "cut by the sink"
-			case e.Duplicate:
-				what = "same record"
-			case e.Skipped:
-				what = "already replayed"
-			case e.InDoubt:
-				what = "in doubt"
-			}
-			fmt.Fprintf(stdout, "%-16s  %s -> %s[%s]  %s  group=%s\n", what, e.Letter.ID(), e.Topic, part, e.Letter.Class, dlqOrDash(e.Letter.Group))
+			printReplayEvent(stdout, e)
 		}))
 	}
-	rep, err := deadletter.Replay(ctx, src, cl, opts...)
-	if line := groups.merged("replay"); line != "" {
-		fmt.Fprintf(stderr, "%s (a record several of them dead-lettered is sent once)\n", line)
+	return opts
+}
+
+// printReplayEvent is a dry run's line on a letter.
+func printReplayEvent(stdout io.Writer, e deadletter.ReplayEvent) {
+	part := "?"
+	if e.Partition >= 0 {
+		part = fmt.Sprint(e.Partition)
 	}
-	if err != nil {
-		return dlqFail(stderr, "replay", err)
+	what := "would replay"
+	switch {
+	case e.Truncated:
+		what = "cut by the sink"
+	case e.Duplicate:
+		what = "same record"
+	case e.Skipped:
+		what = "already replayed"
+	case e.InDoubt:
+		what = "in doubt"
 	}
+	fmt.Fprintf(stdout, "%-16s  %s -> %s[%s]  %s  group=%s\n", what, e.Letter.ID(), e.Topic, part, e.Letter.Class, dlqOrDash(e.Letter.Group))
+}
+
+// report prints the run's account.
+func (r *replayFlags) report(rep deadletter.ReplayReport, state string, stdout, stderr io.Writer) {
 	if rep.Truncated > 0 {
 		fmt.Fprintf(stderr, "kpar dlq replay: %d dead letters were too large for their topic and were written with parts of the record left out (kpar.value.truncated and the like): they are not replayed; 'kpar dlq list' shows their coordinates, so replay them from the source topic while its retention keeps them\n", rep.Truncated)
 	}
-	if *dryRun {
+	if *r.dryRun {
 		fmt.Fprintf(stdout, "dry run %s: %d would be replayed, %d already replayed, %d in doubt (a run checks the target for them first), %d of a record another group's letter already took, %d cut by the sink, %d filtered out, of %d read; journal %s\n",
 			rep.RunID, rep.Replayed, rep.Skipped, rep.InDoubt, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, dlqOrDash(state))
-		return 0
+		return
 	}
 	fmt.Fprintf(stdout, "run %s: replayed %d, already replayed %d, found sent after an interruption %d, same record as another group's letter %d, cut by the sink %d, filtered out %d, of %d read; journal %s\n",
 		rep.RunID, rep.Replayed, rep.Skipped, rep.Recovered, rep.Duplicate, rep.Truncated, rep.Filtered, rep.Read, state)
-	return 0
 }
 
 // dlqStateDir is $XDG_STATE_HOME/kpar/replay, else

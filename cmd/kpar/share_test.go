@@ -208,12 +208,14 @@ func TestForwardShareGroupFlagsAreExclusive(t *testing.T) {
 		extra []string
 		want  string
 	}{
-		{[]string{"--group", "g"}, "either --group or --share-group"},
+		{[]string{"--group", "g"}, "both --group and --share-group given"},
 		{[]string{"--ordering", "partition"}, "--ordering key"},
 		{[]string{"--instance-id", "i"}, "no static membership"},
-		{[]string{"--retry-topics", "1s"}, "--retry-topics with --share-group"},
-		{[]string{"--commit-budget", "10"}, "--commit-budget with --share-group"},
-		{[]string{"--commit-interval", "10ms"}, "--commit-interval with --share-group"},
+		{[]string{"--retry-topics", "1s"}, "--retry-topics is not supported with --share-group"},
+		{[]string{"--commit-budget", "10"}, "--commit-budget is not supported with --share-group"},
+		{[]string{"--commit-interval", "10ms"}, "--commit-interval is not supported with --share-group"},
+		{[]string{"--group-protocol", "consumer"}, "--group-protocol consumer is not supported with --share-group"},
+		{[]string{"--exactly-once"}, "--exactly-once is not supported with --share-group"},
 	} {
 		t.Run(strings.TrimPrefix(tc.extra[0], "--"), func(t *testing.T) {
 			p := startForward(ctx, t, bin, nil, append(slices.Clone(base), tc.extra...)...)

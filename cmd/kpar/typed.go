@@ -59,8 +59,7 @@ func addTypedFlags(fs *flagSet, replies bool) *typedFlags {
 // opts returns the forward options of the flags (none without
 // --schema-registry), and the attributes for the start line.
 func (tf *typedFlags) opts(ctx context.Context, fs *flagSet, log *slog.Logger, replyTopic string) (opts []forward.Opt, attrs []any, code int, ok bool) {
-	url := strings.TrimSpace(*tf.registry)
-	if url == "" {
+	if strings.TrimSpace(*tf.registry) == "" {
 		for _, name := range []string{"schema-registry-user", "schema-registry-password-file", "schema-registry-token-file", "schema-registry-ca", "schema-validate", "undecodable", "reply-schema"} {
 			if fs.Lookup(name) != nil && fs.given(name) {
 				return nil, nil, fs.usageError("invalid --%s: it needs --schema-registry", name), false
@@ -77,38 +76,9 @@ func (tf *typedFlags) opts(ctx context.Context, fs *flagSet, log *slog.Logger, r
 	default:
 		return nil, nil, fs.usageError("invalid --undecodable %q: want dead-letter or raw", *tf.undecodable), false
 	}
-	var ropts []schema.Opt
-	password, err := secret(os.Getenv(envRegistryPassword), *tf.passwordFile)
-	if err != nil {
-		return nil, nil, fs.usageError("invalid --schema-registry-password-file: %v", err), false
-	}
-	token, err := secret(os.Getenv(envRegistryToken), *tf.tokenFile)
-	if err != nil {
-		return nil, nil, fs.usageError("invalid --schema-registry-token-file: %v", err), false
-	}
-	switch {
-	case *tf.user != "" && token != "":
-		return nil, nil, fs.usageError("invalid --schema-registry-user with a bearer token: give one way to authenticate"), false
-	case *tf.user == "" && password != "":
-		return nil, nil, fs.usageError("a registry password (%s or --schema-registry-password-file) needs --schema-registry-user", envRegistryPassword), false
-	case *tf.user != "":
-		ropts = append(ropts, schema.BasicAuth(*tf.user, password))
-	case token != "":
-		ropts = append(ropts, schema.BearerToken(token))
-	}
-	if *tf.ca != "" {
-		pool, err := readCAs(*tf.ca)
-		if err != nil {
-			return nil, nil, fs.usageError("invalid --schema-registry-ca: %v", err), false
-		}
-		ropts = append(ropts, schema.TLSConfig(&tls.Config{RootCAs: pool}))
-	}
-	if *tf.validate {
-		ropts = append(ropts, schema.Validate())
-	}
-	reg, err := schema.New(url, ropts...)
-	if err != nil {
-		return nil, nil, fs.usageError("invalid --schema-registry: %v", err), false
+	reg, code, ok := tf.newRegistry(fs)
+	if !ok {
+		return nil, nil, code, false
 	}
 	attrs = []any{"schema_registry", reg.URL(), "undecodable", *tf.undecodable}
 	// An unreachable registry at start is not fatal: records wait for it
@@ -120,33 +90,84 @@ func (tf *typedFlags) opts(ctx context.Context, fs *flagSet, log *slog.Logger, r
 	}
 	tf.decoder = schema.NewDecoder(reg, u)
 	opts = []forward.Opt{forward.Decode(tf.decoder)}
-	if tf.replySchema != nil && *tf.replySchema != "" {
-		if replyTopic == "" {
-			return nil, nil, fs.usageError("invalid --reply-schema: it needs --reply-topic"), false
-		}
-		subject, version, err := schema.ParseSubject(*tf.replySchema)
-		if err != nil {
-			return nil, nil, fs.usageError("invalid --reply-schema: %v", err), false
-		}
-		var enc *schema.ReplyEncoder
-		if tf.offline {
-			enc = schema.LazyReplyEncoder(reg, subject, version)
-		} else {
-			enc, err = schema.NewReplyEncoder(ctx, reg, subject, version)
-		}
-		switch {
-		case kpar.IsPermanent(err):
-			return nil, nil, fs.usageError("invalid --reply-schema %q: %v", *tf.replySchema, err), false
-		case err != nil && ctx.Err() == nil:
-			log.Warn("the reply schema could not be fetched yet; replies wait for the registry", "reply_schema", *tf.replySchema, "err", err)
-			enc = schema.LazyReplyEncoder(reg, subject, version)
-		}
-		if enc != nil {
-			opts = append(opts, forward.EncodeReplies(enc))
-			attrs = append(attrs, "reply_schema", *tf.replySchema)
-		}
+	enc, code, ok := tf.replyEncoder(ctx, fs, log, reg, replyTopic)
+	if !ok {
+		return nil, nil, code, false
+	}
+	if enc != nil {
+		opts = append(opts, forward.EncodeReplies(enc))
+		attrs = append(attrs, "reply_schema", *tf.replySchema)
 	}
 	return opts, attrs, 0, true
+}
+
+// newRegistry is the client of --schema-registry, with its credentials,
+// CA and --schema-validate.
+func (tf *typedFlags) newRegistry(fs *flagSet) (*schema.Registry, int, bool) {
+	var ropts []schema.Opt
+	password, err := secret(os.Getenv(envRegistryPassword), *tf.passwordFile)
+	if err != nil {
+		return nil, fs.usageError("invalid --schema-registry-password-file: %v", err), false
+	}
+	token, err := secret(os.Getenv(envRegistryToken), *tf.tokenFile)
+	if err != nil {
+		return nil, fs.usageError("invalid --schema-registry-token-file: %v", err), false
+	}
+	switch {
+	case *tf.user != "" && token != "":
+		return nil, fs.usageError("invalid --schema-registry-user with a bearer token: give one way to authenticate"), false
+	case *tf.user == "" && password != "":
+		return nil, fs.usageError("a registry password (%s or --schema-registry-password-file) needs --schema-registry-user", envRegistryPassword), false
+	case *tf.user != "":
+		ropts = append(ropts, schema.BasicAuth(*tf.user, password))
+	case token != "":
+		ropts = append(ropts, schema.BearerToken(token))
+	}
+	if *tf.ca != "" {
+		pool, err := readCAs(*tf.ca)
+		if err != nil {
+			return nil, fs.usageError("invalid --schema-registry-ca: %v", err), false
+		}
+		ropts = append(ropts, schema.TLSConfig(&tls.Config{RootCAs: pool}))
+	}
+	if *tf.validate {
+		ropts = append(ropts, schema.Validate())
+	}
+	reg, err := schema.New(strings.TrimSpace(*tf.registry), ropts...)
+	if err != nil {
+		return nil, fs.usageError("invalid --schema-registry: %v", err), false
+	}
+	return reg, 0, true
+}
+
+// replyEncoder is the encoder of --reply-schema (nil without it). A
+// registry that does not answer yet makes a lazy one: replies wait for
+// it.
+func (tf *typedFlags) replyEncoder(ctx context.Context, fs *flagSet, log *slog.Logger, reg *schema.Registry, replyTopic string) (*schema.ReplyEncoder, int, bool) {
+	if tf.replySchema == nil || *tf.replySchema == "" {
+		return nil, 0, true
+	}
+	if replyTopic == "" {
+		return nil, fs.usageError("invalid --reply-schema: it needs --reply-topic"), false
+	}
+	subject, version, err := schema.ParseSubject(*tf.replySchema)
+	if err != nil {
+		return nil, fs.usageError("invalid --reply-schema: %v", err), false
+	}
+	var enc *schema.ReplyEncoder
+	if tf.offline {
+		enc = schema.LazyReplyEncoder(reg, subject, version)
+	} else {
+		enc, err = schema.NewReplyEncoder(ctx, reg, subject, version)
+	}
+	switch {
+	case kpar.IsPermanent(err):
+		return nil, fs.usageError("invalid --reply-schema %q: %v", *tf.replySchema, err), false
+	case err != nil && ctx.Err() == nil:
+		log.Warn("the reply schema could not be fetched yet; replies wait for the registry", "reply_schema", *tf.replySchema, "err", err)
+		enc = schema.LazyReplyEncoder(reg, subject, version)
+	}
+	return enc, 0, true
 }
 
 // secret is env, else the trimmed content of file ("" for none); a file

@@ -651,6 +651,15 @@ func (r *runner) measure(ctx context.Context, s runSpec) Result {
 		tr.skip.Store(true)
 	}
 
+	res.fill(s, tr, n, wall, cpu, t95, st, runErr, stopErr)
+	r.progressf("%s %s: %s records/s%s", strings.TrimSpace(s.scenario+" "+s.variant), s.c.name, commas(int64(res.RecordsPerSec)), errSuffix(res))
+	return res
+}
+
+// fill records a run's measures in res: n records handled in wall (CPU
+// time cpu; t95 to 95 % of them), how the watch ended (st, runErr) and
+// the contender's shutdown error.
+func (res *Result) fill(s runSpec, tr *tracker, n int64, wall, cpu, t95 time.Duration, st status, runErr, stopErr error) {
 	res.Records = n
 	res.Seconds = wall.Seconds()
 	res.RecordsPerSec = float64(n) / wall.Seconds()
@@ -679,8 +688,6 @@ func (r *runner) measure(ctx context.Context, s runSpec) Result {
 	if stopErr != nil && res.Err == "" {
 		res.Err = "shutdown: " + stopErr.Error()
 	}
-	r.progressf("%s %s: %s records/s%s", strings.TrimSpace(s.scenario+" "+s.variant), s.c.name, commas(int64(res.RecordsPerSec)), errSuffix(res))
-	return res
 }
 
 // startProfile starts the CPU profile of one run when Config.CPUProfile

@@ -123,80 +123,14 @@ func (t *topic) partitionOf(i int64, key []byte) int {
 // and sends them in large produce requests, about ten times faster than a
 // producer client, so a 10^7 backlog takes seconds.
 func (b *broker) load(ctx context.Context, t *topic, n int64) error {
-	const (
-		batchRecords = 4096
-		batchBytes   = 256 << 10
-		requestBytes = 4 << 20
-	)
-	type pending struct {
-		recs []byte
-		n    int32
-	}
+	l := &loader{b: b, t: t, parts: make([]pendingBatch, t.partitions), req: kmsg.NewPtrProduceRequest(), ts: time.Now().UnixMilli()}
+	l.req.Acks = -1
+	l.req.TimeoutMillis = 30000
 	var (
-		parts   = make([]pending, t.partitions)
-		req     = kmsg.NewPtrProduceRequest()
-		reqSize int
-		key     []byte
-		value   = make([]byte, t.valueBytes)
-		num     [20]byte
-		ts      = time.Now().UnixMilli()
+		key   []byte
+		value = make([]byte, t.valueBytes)
+		num   [20]byte
 	)
-	req.Acks = -1
-	req.TimeoutMillis = 30000
-	send := func() error {
-		if len(req.Topics) == 0 {
-			return nil
-		}
-		resp, err := req.RequestWith(ctx, b.cl)
-		if err != nil {
-			return fmt.Errorf("loading %s: %w", t.name, err)
-		}
-		for _, rt := range resp.Topics {
-			for _, rp := range rt.Partitions {
-				if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-					return fmt.Errorf("loading %s/%d: %w", t.name, rp.Partition, err)
-				}
-			}
-		}
-		req.Topics, reqSize = nil, 0
-		return nil
-	}
-	seal := func(p int) error {
-		pp := &parts[p]
-		if pp.n == 0 {
-			return nil
-		}
-		rb := kmsg.RecordBatch{
-			PartitionLeaderEpoch: -1,
-			Magic:                2,
-			LastOffsetDelta:      pp.n - 1,
-			FirstTimestamp:       ts,
-			MaxTimestamp:         ts,
-			ProducerID:           -1,
-			ProducerEpoch:        -1,
-			FirstSequence:        -1,
-			NumRecords:           pp.n,
-			Records:              pp.recs,
-		}
-		raw := rb.AppendTo(nil)
-		binary.BigEndian.PutUint32(raw[8:12], uint32(len(raw)-12))
-		binary.BigEndian.PutUint32(raw[17:21], crc32.Checksum(raw[21:], castagnoli))
-		rt := kmsg.NewProduceRequestTopic()
-		rt.Topic = t.name
-		rp := kmsg.NewProduceRequestTopicPartition()
-		rp.Partition = int32(p)
-		rp.Records = raw
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-		reqSize += len(raw)
-		t.ends[p] += int64(pp.n)
-		t.total += int64(pp.n)
-		pp.recs, pp.n = nil, 0
-		if reqSize >= requestBytes {
-			return send()
-		}
-		return nil
-	}
 	start := t.total // seal moves t.total
 	for i := start; i < start+n; i++ {
 		key = t.keyOf(i, key)
@@ -206,21 +140,104 @@ func (b *broker) load(ctx context.Context, t *topic, n int64) error {
 		} else {
 			copy(value, strconv.AppendInt(num[:0], i, 10))
 		}
-		pp := &parts[p]
+		pp := &l.parts[p]
 		pp.recs = appendRecord(pp.recs, pp.n, key, value)
 		pp.n++
-		if pp.n >= batchRecords || len(pp.recs) >= batchBytes {
-			if err := seal(p); err != nil {
+		if pp.n >= loadBatchRecords || len(pp.recs) >= loadBatchBytes {
+			if err := l.seal(ctx, p); err != nil {
 				return err
 			}
 		}
 	}
-	for p := range parts {
-		if err := seal(p); err != nil {
+	for p := range l.parts {
+		if err := l.seal(ctx, p); err != nil {
 			return err
 		}
 	}
-	return send()
+	return l.send(ctx)
+}
+
+// The loader's batch and request sizes.
+const (
+	loadBatchRecords = 4096
+	loadBatchBytes   = 256 << 10
+	loadRequestBytes = 4 << 20
+)
+
+// loader is one load of a topic: the records of each partition not yet
+// sealed into a batch, and the produce request the sealed batches fill.
+type loader struct {
+	b       *broker
+	t       *topic
+	parts   []pendingBatch
+	req     *kmsg.ProduceRequest
+	reqSize int
+	ts      int64 // every record's timestamp
+}
+
+// pendingBatch is a partition's records not yet in a batch.
+type pendingBatch struct {
+	recs []byte
+	n    int32
+}
+
+// send sends the request, if it holds any batch.
+func (l *loader) send(ctx context.Context) error {
+	if len(l.req.Topics) == 0 {
+		return nil
+	}
+	resp, err := l.req.RequestWith(ctx, l.b.cl)
+	if err != nil {
+		return fmt.Errorf("loading %s: %w", l.t.name, err)
+	}
+	for _, rt := range resp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return fmt.Errorf("loading %s/%d: %w", l.t.name, rp.Partition, err)
+			}
+		}
+	}
+	l.req.Topics, l.reqSize = nil, 0
+	return nil
+}
+
+// seal makes partition p's pending records a batch of the request, and
+// sends the request once it is large enough.
+func (l *loader) seal(ctx context.Context, p int) error {
+	pp := &l.parts[p]
+	if pp.n == 0 {
+		return nil
+	}
+	rb := kmsg.RecordBatch{
+		PartitionLeaderEpoch: -1,
+		Magic:                2,
+		LastOffsetDelta:      pp.n - 1,
+		FirstTimestamp:       l.ts,
+		MaxTimestamp:         l.ts,
+		ProducerID:           -1,
+		ProducerEpoch:        -1,
+		FirstSequence:        -1,
+		NumRecords:           pp.n,
+		Records:              pp.recs,
+	}
+	raw := rb.AppendTo(nil)
+	binary.BigEndian.PutUint32(raw[8:12], uint32(len(raw)-12))
+	binary.BigEndian.PutUint32(raw[17:21], crc32.Checksum(raw[21:], castagnoli))
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = l.t.name
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Partition = int32(p)
+	rp.Records = raw
+	rt.Partitions = append(rt.Partitions, rp)
+	l.req.Topics = append(l.req.Topics, rt)
+	l.reqSize += len(raw)
+	l.t.ends[p] += int64(pp.n)
+	l.t.total += int64(pp.n)
+	pp.recs, pp.n = nil, 0
+	if l.reqSize >= loadRequestBytes {
+		return l.send(ctx)
+	}
+	return nil
 }
 
 // warm reads t once from start to end outside any group, so that the first

@@ -390,31 +390,8 @@ func (r *runner) commitsCell(ctx context.Context, t *topic, members int, h strin
 		return res
 	}
 
-	// The window.
-	for _, m := range c.members {
-		m.rttMax.Store(0)
-	}
-	s0 := c.snap(watch)
-	stopAt := int64(commitsWindowShare * float64(t.total))
-	tick := time.NewTicker(10 * time.Millisecond)
-	for time.Since(s0.at) < r.cfg.Steady && c.tr.distinct() < stopAt {
-		select {
-		case <-ctx.Done():
-			tick.Stop()
-			res.Err = "cancelled"
-			return res
-		case err := <-c.failed:
-			tick.Stop()
-			res.Err = err.Error()
-			return res
-		case <-tick.C:
-		}
-	}
-	tick.Stop()
-	s1 := c.snap(watch)
-	c.figures(&res, s0, s1)
-	if sec := s1.at.Sub(s0.at); sec < r.cfg.Steady*9/10 {
-		res.Note = join(res.Note, fmt.Sprintf("the backlog ran low: a %.1fs window", sec.Seconds()))
+	if !c.window(watch, &res) {
+		return res
 	}
 
 	// A noop member's kill costs what it handled in a commit's round
@@ -429,6 +406,36 @@ func (r *runner) commitsCell(ctx context.Context, t *topic, members int, h strin
 		variant, commas(int64(res.RecordsPerSec)), ct.MemberCommitsPerSec, ct.GroupCommitsPerSec, ct.PartitionsPerCommit, ct.BytesPerCommit,
 		killSuffix(ct), errSuffix(res))
 	return res
+}
+
+// window measures the cell for --steady (less if the backlog runs low)
+// into res, and reports whether it could.
+func (c *commitCell) window(watch *commitWatch, res *Result) bool {
+	for _, m := range c.members {
+		m.rttMax.Store(0)
+	}
+	s0 := c.snap(watch)
+	stopAt := int64(commitsWindowShare * float64(c.t.total))
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for time.Since(s0.at) < c.r.cfg.Steady && c.tr.distinct() < stopAt {
+		select {
+		case <-c.ctx.Done():
+			res.Err = "cancelled"
+			return false
+		case err := <-c.failed:
+			res.Err = err.Error()
+			return false
+		case <-tick.C:
+		}
+	}
+	tick.Stop()
+	s1 := c.snap(watch)
+	c.figures(res, s0, s1)
+	if sec := s1.at.Sub(s0.at); sec < c.r.cfg.Steady*9/10 {
+		res.Note = join(res.Note, fmt.Sprintf("the backlog ran low: a %.1fs window", sec.Seconds()))
+	}
+	return true
 }
 
 func killSuffix(ct *CommitTraffic) string {

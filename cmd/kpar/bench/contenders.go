@@ -185,51 +185,111 @@ func pool(ctx context.Context, e *env, run int) error {
 	}
 	defer cl.Close()
 
-	type job struct {
-		rs  []*kgo.Record // one partition's, in offset order
-		max *atomic.Int64
-	}
 	var (
-		mu   sync.Mutex // guards maxDone's map (not the counters)
-		maxD = map[string]map[int32]*atomic.Int64{}
-		jobs = make(chan job, e.concurrency)
+		done = &poolOffsets{m: map[string]map[int32]*atomic.Int64{}}
+		jobs = make(chan poolJob, e.concurrency)
 		wg   sync.WaitGroup
 	)
 	hctx := context.WithoutCancel(ctx)
-	runJob := func(j job) {
-		for _, r := range j.rs {
-			_ = e.handle(hctx, r)
-			next := r.Offset + 1
-			for cur := j.max.Load(); next > cur && !j.max.CompareAndSwap(cur, next); cur = j.max.Load() {
-			}
-		}
-	}
 	for range e.concurrency {
 		wg.Go(func() {
 			for j := range jobs {
-				runJob(j)
+				j.run(hctx, e)
 			}
 		})
 	}
-	commit := func(ctx context.Context) {
-		offsets := map[string]map[int32]kgo.EpochOffset{}
-		mu.Lock()
-		for t, ps := range maxD {
-			for p, m := range ps {
-				if o := m.Load(); o > 0 {
-					if offsets[t] == nil {
-						offsets[t] = map[int32]kgo.EpochOffset{}
-					}
-					offsets[t][p] = kgo.EpochOffset{Epoch: -1, Offset: o}
+	stopCommitter := done.commitEvery(ctx, cl, e.commitEvery)
+	for {
+		fs := cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			break
+		}
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			m := done.of(p.Topic, p.Partition)
+			for rs := p.Records; len(rs) > 0; {
+				j := poolJob{rs[:min(run, len(rs))], m}
+				rs = rs[len(j.rs):]
+				select {
+				case jobs <- j:
+				default:
+					j.run(hctx, e) // caller runs
 				}
 			}
-		}
-		mu.Unlock()
-		if len(offsets) > 0 {
-			cl.CommitOffsetsSync(ctx, offsets, nil)
+		})
+	}
+	close(jobs)
+	wg.Wait()
+	stopCommitter()
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	done.commit(fctx, cl)
+	return nil
+}
+
+// poolJob is a run of one partition's records, in offset order, and the
+// partition's highest finished offset.
+type poolJob struct {
+	rs  []*kgo.Record
+	max *atomic.Int64
+}
+
+// run handles the records, raising max past each.
+func (j poolJob) run(ctx context.Context, e *env) {
+	for _, r := range j.rs {
+		_ = e.handle(ctx, r)
+		next := r.Offset + 1
+		for cur := j.max.Load(); next > cur && !j.max.CompareAndSwap(cur, next); cur = j.max.Load() {
 		}
 	}
-	every := e.commitEvery
+}
+
+// poolOffsets are a pool's highest finished offsets (plus one) per
+// partition, which it commits.
+type poolOffsets struct {
+	mu sync.Mutex // guards m (not the counters)
+	m  map[string]map[int32]*atomic.Int64
+}
+
+// of is the counter of a partition.
+func (o *poolOffsets) of(topic string, p int32) *atomic.Int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m[topic] == nil {
+		o.m[topic] = map[int32]*atomic.Int64{}
+	}
+	c := o.m[topic][p]
+	if c == nil {
+		c = new(atomic.Int64)
+		o.m[topic][p] = c
+	}
+	return c
+}
+
+// commit commits the offsets.
+func (o *poolOffsets) commit(ctx context.Context, cl *kgo.Client) {
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	o.mu.Lock()
+	for t, ps := range o.m {
+		for p, m := range ps {
+			if off := m.Load(); off > 0 {
+				if offsets[t] == nil {
+					offsets[t] = map[int32]kgo.EpochOffset{}
+				}
+				offsets[t][p] = kgo.EpochOffset{Epoch: -1, Offset: off}
+			}
+		}
+	}
+	o.mu.Unlock()
+	if len(offsets) > 0 {
+		cl.CommitOffsetsSync(ctx, offsets, nil)
+	}
+}
+
+// commitEvery commits every interval (default 1s) until stop returns.
+func (o *poolOffsets) commitEvery(ctx context.Context, cl *kgo.Client, every time.Duration) (stop func()) {
 	if every <= 0 {
 		every = time.Second
 	}
@@ -243,47 +303,12 @@ func pool(ctx context.Context, e *env, run int) error {
 			case <-commitCtx.Done():
 				return
 			case <-t.C:
-				commit(commitCtx)
+				o.commit(commitCtx, cl)
 			}
 		}
 	})
-
-	for {
-		fs := cl.PollFetches(ctx)
-		if fs.IsClientClosed() || ctx.Err() != nil {
-			break
-		}
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			mu.Lock()
-			if maxD[p.Topic] == nil {
-				maxD[p.Topic] = map[int32]*atomic.Int64{}
-			}
-			m := maxD[p.Topic][p.Partition]
-			if m == nil {
-				m = new(atomic.Int64)
-				maxD[p.Topic][p.Partition] = m
-			}
-			mu.Unlock()
-			for rs := p.Records; len(rs) > 0; {
-				j := job{rs[:min(run, len(rs))], m}
-				rs = rs[len(j.rs):]
-				select {
-				case jobs <- j:
-				default:
-					runJob(j) // caller runs
-				}
-			}
-		})
+	return func() {
+		stopCommitter()
+		committer.Wait()
 	}
-	close(jobs)
-	wg.Wait()
-	stopCommitter()
-	committer.Wait()
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	commit(fctx)
-	return nil
 }

@@ -350,44 +350,8 @@ func (r *runner) crashRun(ctx context.Context, c contender, t *topic) Result {
 	cp := r.b.crashAtCommit(group, func() { tr.frozen.Store(true) })
 	defer cp.restart() // let the control go even on failure
 
-	life := func(until func() bool, limit time.Duration) error {
-		lctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		errc := make(chan error, 1)
-		go func() { errc <- c.run(lctx, e) }()
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		deadline := time.Now().Add(limit)
-		var runErr error
-	wait:
-		for !until() {
-			select {
-			case <-ctx.Done():
-				runErr = ctx.Err()
-				break wait
-			case err := <-errc:
-				return fmt.Errorf("the contender stopped: %v", err)
-			case <-tick.C:
-			}
-			if time.Now().After(deadline) {
-				runErr = fmt.Errorf("not done after %s: %s of %s handled", limit, commas(tr.distinct()), commas(t.total))
-				break
-			}
-		}
-		tr.skip.Store(true)
-		cancel()
-		select {
-		case err := <-errc:
-			if cp.state.Load() == 1 && errors.Is(err, kpar.ErrFinalCommit) {
-				err = nil // the broker refuses the dead life's commits: its last one too
-			}
-			runErr = join2(runErr, err)
-		case <-time.After(stopTimeout):
-			runErr = join2(runErr, fmt.Errorf("did not stop within %s", stopTimeout))
-		}
-		tr.skip.Store(false)
-		return runErr
-	}
+	l := crashLife{c: c, e: e, tr: tr, t: t, cp: cp}
+	life := func(until func() bool, limit time.Duration) error { return l.live(ctx, until, limit) }
 
 	// Life 1: arm the kill point at half, die at the next commit.
 	half := t.total / 2
@@ -449,6 +413,57 @@ func (r *runner) crashRun(ctx context.Context, c contender, t *topic) Result {
 	res.Note = fmt.Sprintf("killed with %s handled, %s committed", commas(atKill), commas(committedAtKill))
 	r.progressf("crash %s: lost %d, duplicates %d%s", c.name, res.Lost, res.Duplicates, errSuffix(res))
 	return res
+}
+
+// crashLife is what each life of a crash run shares: the contender, its
+// environment and tracker, the topic and the crash point.
+type crashLife struct {
+	c  contender
+	e  *env
+	tr *tracker
+	t  *topic
+	cp *crashPoint
+}
+
+// live runs the contender until until says so (polled every 5ms), ctx is
+// done or limit passed, then stops it, and returns why it did not finish.
+func (l crashLife) live(ctx context.Context, until func() bool, limit time.Duration) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- l.c.run(lctx, l.e) }()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(limit)
+	var runErr error
+wait:
+	for !until() {
+		select {
+		case <-ctx.Done():
+			runErr = ctx.Err()
+			break wait
+		case err := <-errc:
+			return fmt.Errorf("the contender stopped: %v", err)
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			runErr = fmt.Errorf("not done after %s: %s of %s handled", limit, commas(l.tr.distinct()), commas(l.t.total))
+			break
+		}
+	}
+	l.tr.skip.Store(true)
+	cancel()
+	select {
+	case err := <-errc:
+		if l.cp.state.Load() == 1 && errors.Is(err, kpar.ErrFinalCommit) {
+			err = nil // the broker refuses the dead life's commits: its last one too
+		}
+		runErr = join2(runErr, err)
+	case <-time.After(stopTimeout):
+		runErr = join2(runErr, fmt.Errorf("did not stop within %s", stopTimeout))
+	}
+	l.tr.skip.Store(false)
+	return runErr
 }
 
 func join2(a, b error) error {
