@@ -77,7 +77,7 @@ func (fc *forwardConfig) startAttrs(h *endpoints, typedAttrs []any) []any {
 		"max_attempts", *fc.att.maxAttempts, "attempt_timeout", *fc.att.timeout,
 		"dead_letters", fc.sink.describe(), "tls", fc.sec.usesTLS(),
 	}
-	attrs = append(attrs, contentTypeAttrs(*fc.req.batch, *fc.req.contentType)...)
+	attrs = append(attrs, contentTypeAttrs(*fc.req.batch, *fc.req.contentType, *fc.typed.registry != "", *fc.typed.undecodable)...)
 	attrs = append(attrs, fc.limits.attrs()...)
 	attrs = append(attrs, fc.txn.attrs(*fc.exactlyOnce)...)
 	attrs = append(attrs, "metadata_max_age", *fc.metadataMaxAge)
