@@ -10,8 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
+	"github.com/kpar/kpar/internal/jsonstr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -248,7 +248,7 @@ func appendBatch(b []byte, rs []*kgo.Record, decs []*Decoded, contentType string
 			b = append(b, ',')
 		}
 		b = append(b, `{"topic":`...)
-		b = appendJSONString(b, r.Topic)
+		b = jsonstr.Append(b, r.Topic)
 		b = append(b, `,"partition":`...)
 		b = strconv.AppendInt(b, int64(r.Partition), 10)
 		b = append(b, `,"offset":`...)
@@ -268,7 +268,7 @@ func appendBatch(b []byte, rs []*kgo.Record, decs []*Decoded, contentType string
 			b = appendBase64OrNull(b, r.Value)
 		}
 		b = append(b, `,"content_type":`...)
-		b = appendJSONString(b, ct)
+		b = jsonstr.Append(b, ct)
 		b = append(b, `,"headers":{`...)
 		first := true
 		for j, h := range r.Headers {
@@ -279,7 +279,7 @@ func appendBatch(b []byte, rs []*kgo.Record, decs []*Decoded, contentType string
 				b = append(b, ',')
 			}
 			first = false
-			b = appendJSONString(b, h.Key)
+			b = jsonstr.Append(b, h.Key)
 			b = append(b, ':', '"')
 			b = base64.StdEncoding.AppendEncode(b, h.Value)
 			b = append(b, '"')
@@ -290,7 +290,7 @@ func appendBatch(b []byte, rs []*kgo.Record, decs []*Decoded, contentType string
 				b = append(b, ',')
 			}
 			b = append(b, '[')
-			b = appendJSONString(b, h.Key)
+			b = jsonstr.Append(b, h.Key)
 			b = append(b, ',', '"')
 			b = base64.StdEncoding.AppendEncode(b, h.Value)
 			b = append(b, '"', ']')
@@ -315,36 +315,6 @@ func appendBase64OrNull(b, v []byte) []byte {
 	}
 	b = append(b, '"')
 	b = base64.StdEncoding.AppendEncode(b, v)
-	return append(b, '"')
-}
-
-// appendJSONString appends s as a JSON string; bytes that are not valid
-// UTF-8 become U+FFFD, as encoding/json does.
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				b = append(b, '\\', c)
-			case c < ' ' || c == 0x7f:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
-			default:
-				b = append(b, c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, `\ufffd`...)
-		} else {
-			b = append(b, s[i:i+size]...)
-		}
-		i += size
-	}
 	return append(b, '"')
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"strconv"
 
+	"github.com/kpar/kpar/internal/jsonstr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -103,7 +104,7 @@ func appendDecodedItem(b []byte, r *kgo.Record, d *Decoded) []byte {
 		form = FormRaw
 	}
 	b = append(b, `,"value_form":`...)
-	b = appendJSONString(b, string(form))
+	b = jsonstr.Append(b, form)
 	if d.ValueSchemaID != 0 {
 		b = append(b, `,"value_schema_id":`...)
 		b = strconv.AppendInt(b, int64(d.ValueSchemaID), 10)
@@ -112,7 +113,7 @@ func appendDecodedItem(b []byte, r *kgo.Record, d *Decoded) []byte {
 		b = append(b, `,"key_json":`...)
 		b = append(b, d.Key...)
 		b = append(b, `,"key_form":`...)
-		b = appendJSONString(b, string(d.KeyForm))
+		b = jsonstr.Append(b, d.KeyForm)
 		if d.KeySchemaID != 0 {
 			b = append(b, `,"key_schema_id":`...)
 			b = strconv.AppendInt(b, int64(d.KeySchemaID), 10)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hamba/avro/v2"
+	"github.com/kpar/kpar/internal/jsonstr"
 )
 
 // Avro to JSON. The decoder walks the writer's schema over the binary
@@ -94,7 +95,7 @@ func (d *avroDecoder) value(s avro.Schema) error {
 			if i > 0 {
 				d.out = append(d.out, ',')
 			}
-			d.out = appendJSONString(d.out, []byte(f.Name()))
+			d.out = jsonstr.Append(d.out, f.Name())
 			d.out = append(d.out, ':')
 			if err := d.value(f.Type()); err != nil {
 				return fmt.Errorf("%s: %w", f.Name(), err)
@@ -121,7 +122,7 @@ func (d *avroDecoder) value(s avro.Schema) error {
 		if i < 0 || i >= int64(len(syms)) {
 			return fmt.Errorf("enum %s: symbol %d out of range (%d symbols)", s.FullName(), i, len(syms))
 		}
-		d.out = appendJSONString(d.out, []byte(syms[i]))
+		d.out = jsonstr.Append(d.out, []byte(syms[i]))
 		return nil
 	case *avro.ArraySchema:
 		d.out = append(d.out, '[')
@@ -151,7 +152,7 @@ func (d *avroDecoder) value(s avro.Schema) error {
 			if err != nil {
 				return err
 			}
-			d.out = appendJSONString(d.out, k)
+			d.out = jsonstr.Append(d.out, k)
 			d.out = append(d.out, ':')
 			return d.value(s.Values())
 		})
@@ -291,7 +292,7 @@ func (d *avroDecoder) primitive(s *avro.PrimitiveSchema) error {
 			return err
 		}
 		if s.Type() == avro.String {
-			d.out = appendJSONString(d.out, v)
+			d.out = jsonstr.Append(d.out, v)
 			return nil
 		}
 		return d.bytes(v, s.Logical())

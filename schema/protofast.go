@@ -10,6 +10,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/kpar/kpar/internal/jsonstr"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -431,7 +432,7 @@ func (w *protoWalker) scalar(fd protoreflect.FieldDescriptor, typ protowire.Type
 		if !utf8.Valid(v) {
 			return 0, fmt.Errorf("field %s: string is not valid UTF-8", fd.Name())
 		}
-		w.out = appendJSONString(w.out, v)
+		w.out = jsonstr.Append(w.out, v)
 	case protoreflect.BytesKind:
 		w.out = append(w.out, '"')
 		w.out = base64.StdEncoding.AppendEncode(w.out, v)
