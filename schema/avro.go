@@ -122,7 +122,7 @@ func (d *avroDecoder) value(s avro.Schema) error {
 		if i < 0 || i >= int64(len(syms)) {
 			return fmt.Errorf("enum %s: symbol %d out of range (%d symbols)", s.FullName(), i, len(syms))
 		}
-		d.out = jsonstr.Append(d.out, []byte(syms[i]))
+		d.out = jsonstr.Append(d.out, syms[i])
 		return nil
 	case *avro.ArraySchema:
 		d.out = append(d.out, '[')
