@@ -116,7 +116,7 @@ func (g *groupSource) close(ctx context.Context, deadline time.Time) error {
 
 func (g *groupSource) clientOpts() []kgo.Opt {
 	e := g.e
-	defaults := []kgo.Opt{
+	defaults := append([]kgo.Opt{
 		// Resuming a paused partition takes effect with the next fetch,
 		// and a fetch in flight for partitions with no new data waits
 		// FetchMaxWait first. kpar bench noop, one run: 100ms left the
@@ -124,10 +124,7 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		// 25ms did not (0.73x, 0.87x). The cost is up to 40 empty fetches a
 		// second per broker when idle; override with ClientOptions.
 		kgo.FetchMaxWait(25 * time.Millisecond),
-		// The client's buffered fetches are memory too: keep them within
-		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
-		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
-	}
+	}, fetchSizing(e.cfg.maxBytes)...) // the client's buffered fetches are memory too
 	if e.cfg.protocol == ClassicProtocol {
 		// Members that order differently must not share a group: see
 		// orderedBalancer. (Both protocols also check the ordering in the
@@ -293,7 +290,9 @@ func (g *groupSource) admitPartition(p kgo.FetchTopicPartition, recs []*kgo.Reco
 	// rewound (an offset reset). Records already admitted are done or
 	// still tracked, so skipping them loses nothing.
 	last := ps.win.End() - 1
-	if ps.held.Len() > 0 {
+	if ps.over.Len() > 0 {
+		last = ps.over.lastOffset()
+	} else if ps.held.Len() > 0 {
 		last = ps.held.lastOffset()
 	}
 	for len(meta) > 0 && meta[0].offset <= last {
@@ -314,7 +313,7 @@ func (g *groupSource) admitPartition(p kgo.FetchTopicPartition, recs []*kgo.Reco
 		}
 		ps.resumeAt = -1
 	}
-	e.accept(ps, recs, meta, len(p.Records))
+	e.acceptWithin(ps, recs, meta, len(p.Records))
 	return resetFrom, resetTo
 }
 

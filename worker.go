@@ -522,9 +522,10 @@ func (e *engine) wakePoller() {
 	}
 }
 
-// budgetFreed wakes the poller or the drain when they wait for it. Called
-// with mu held.
+// budgetFreed admits records waiting for bytes, and wakes the poller or
+// the drain when they wait for it. Called with mu held.
 func (e *engine) budgetFreed() {
+	e.admitOver()
 	if !e.buf.Full() {
 		e.wakePoller()
 	}
