@@ -42,6 +42,9 @@ type groupSource struct {
 	// assignment changed. The rebalance callbacks only set it, so that no
 	// metadata request delays a rebalance.
 	shareStale atomic.Bool
+	// sizer shrinks the fetch sizes by the records' compression
+	// (fetchsize.go).
+	sizer fetchSizer
 }
 
 func newGroupSource(e *engine) *groupSource {
@@ -63,6 +66,7 @@ func (g *groupSource) open(ctx context.Context) error {
 		return fmt.Errorf("kpar: connecting to the brokers: %w", err)
 	}
 	g.cl = cl
+	g.sizer.start(cl)
 	g.e.createRetryTopics(ctx, cl)
 	return nil
 }
@@ -116,6 +120,8 @@ func (g *groupSource) close(ctx context.Context, deadline time.Time) error {
 
 func (g *groupSource) clientOpts() []kgo.Opt {
 	e := g.e
+	var fetchOpts []kgo.Opt
+	g.sizer.fetch, g.sizer.part, fetchOpts = fetchSizing(e.cfg.maxBytes)
 	defaults := append([]kgo.Opt{
 		// Resuming a paused partition takes effect with the next fetch,
 		// and a fetch in flight for partitions with no new data waits
@@ -124,7 +130,8 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		// 25ms did not (0.73x, 0.87x). The cost is up to 40 empty fetches a
 		// second per broker when idle; override with ClientOptions.
 		kgo.FetchMaxWait(25 * time.Millisecond),
-	}, fetchSizing(e.cfg.maxBytes)...) // the client's buffered fetches are memory too
+		kgo.WithHooks(&g.sizer),
+	}, fetchOpts...) // the client's buffered fetches are memory too
 	if e.cfg.protocol == ClassicProtocol {
 		// Members that order differently must not share a group: see
 		// orderedBalancer. (Both protocols also check the ordering in the
@@ -201,6 +208,7 @@ func (g *groupSource) deliver(ctx context.Context) error {
 		}
 		topics.observe(fs, time.Now())
 		g.admit(fs)
+		g.sizer.adjust(g.cl)
 	}
 }
 

@@ -260,10 +260,11 @@ func Brokers(addrs ...string) Opt {
 // New. kpar's own client defaults, which options given here override: the
 // cooperative-sticky balancer, kgo.FetchMaxWait 25ms (a paused partition's
 // resume waits for the fetch in flight), and fetch sizes derived from
-// MaxBufferedBytes: kgo.FetchMaxBytes a quarter of it (at least 64 KiB, at
+// MaxBufferedBytes: kgo.FetchMaxBytes an eighth of it (at least 64 KiB, at
 // most franz-go's 50 MiB), kgo.FetchMaxPartitionBytes at most 1 MiB, and
 // kgo.MaxConcurrentFetches so that the fetches in flight or buffered make
-// half of it at most.
+// a quarter of it at most; kpar divides the first two by the compression
+// ratio of the records it fetches, unless these options set them.
 func ClientOptions(opts ...kgo.Opt) Opt {
 	return opt(func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) })
 }
