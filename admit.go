@@ -25,7 +25,13 @@ import (
 func (e *engine) waitForBytes(ctx context.Context) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.buf.Full() {
+	for {
+		// Bytes freed by a park or a dropped partition are given to the
+		// records waiting for them first.
+		e.admitOver()
+		if !e.buf.Full() {
+			return true
+		}
 		e.pauseOverShare()
 		if e.space == nil {
 			e.space = make(chan struct{})
@@ -40,7 +46,6 @@ func (e *engine) waitForBytes(ctx context.Context) bool {
 		}
 		e.mu.Lock()
 	}
-	return true
 }
 
 // recordOverhead approximates the memory a buffered record costs beyond its
@@ -101,14 +106,15 @@ func (e *engine) acceptWithin(ps *partState, recs []*kgo.Record, meta []recMeta,
 }
 
 // admitOver admits the records waiting in the partitions' over queues as
-// far as the budget admits them, when bytes freed: the partitions in turn,
-// one that was served going to the back of the line, so that none waits
-// for the others forever. Called with mu held, by budgetFreed.
+// far as the budget admits them: the partitions in turn, one that was
+// served going to the back of the line, so that none waits for the others
+// forever. It is called where held records enter windows too (refill,
+// after a record finished), and by the pollers before they wait, never
+// while a lane is being changed. Called with mu held.
 func (e *engine) admitOver() {
-	if len(e.overParts) == 0 || e.admittingOver || e.buf.Full() {
+	if len(e.overParts) == 0 || e.buf.Full() {
 		return
 	}
-	e.admittingOver = true // placing a record may release one (enter's skip)
 	line, parts := e.overParts, len(e.parts)
 	next := make([]*partState, 0, len(line))
 	var served []*partState
@@ -139,7 +145,6 @@ func (e *engine) admitOver() {
 		}
 	}
 	e.overParts = append(append(next, line[i:]...), served...)
-	e.admittingOver = false
 }
 
 // place puts admitted records into ps's window, or, those that do not fit

@@ -109,9 +109,8 @@ type engine struct {
 	buf buffer.Total
 	// overParts are the partitions whose fetched records wait, beyond
 	// MaxBufferedBytes, to be admitted (partState.over), in the order
-	// they are served (admitOver); admittingOver is set while it runs.
-	overParts     []*partState
-	admittingOver bool
+	// they are served (admitOver).
+	overParts []*partState
 	// space is closed, and set to nil, when buffered bytes drop below
 	// MaxBufferedBytes while pollers wait for it; nil while none waits.
 	space chan struct{}
