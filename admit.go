@@ -11,22 +11,28 @@ import (
 // source. A record is prepared outside the lock (prepare), accepted into
 // its partition's window (accept, enter), or held outside a full window
 // (held.go) until room frees; what buffered records weigh is bounded by
-// MaxBufferedBytes (waitForBytes, pauseOverShare), and pausing a
+// MaxBufferedBytes (acceptWithin, admitOver, waitForBytes,
+// pauseOverShare), and pausing a
 // partition's fetching is decided here and applied by the fetch controller
 // through the source.
 
-// waitForBytes waits until buffered bytes are below MaxBufferedBytes, or
-// until the partitions holding more than their share of them are paused
-// and others can still be fetched. It reports false when ctx ended first.
-// Every poller of a source calls it (a range has one per slice): the
-// wake-up is a broadcast.
+// waitForBytes waits until buffered bytes are below MaxBufferedBytes: a
+// poll while they are not could admit none of its records. It pauses the
+// partitions holding more than their share of the budget first, so the
+// fetches that follow bring the others' records. It reports false when ctx
+// ended first. Every poller of a source calls it (a range has one per
+// slice): the wake-up is a broadcast.
 func (e *engine) waitForBytes(ctx context.Context) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.buf.Full() {
-		if e.pauseOverShare() {
+	for {
+		// Bytes freed by a park or a dropped partition are given to the
+		// records waiting for them first.
+		e.admitOver()
+		if !e.buf.Full() {
 			return true
 		}
+		e.pauseOverShare()
 		if e.space == nil {
 			e.space = make(chan struct{})
 		}
@@ -40,7 +46,6 @@ func (e *engine) waitForBytes(ctx context.Context) bool {
 		}
 		e.mu.Lock()
 	}
-	return true
 }
 
 // recordOverhead approximates the memory a buffered record costs beyond its
@@ -57,15 +62,96 @@ func recordSize(r *kgo.Record) int64 {
 }
 
 // accept puts one partition's prepared records (recs, with meta from
-// prepare) into its window and the scheduler: every source delivers
-// through it. Records that do not fit in a full window are held until it
-// has room; once heldCap are held the partition is paused: its source
-// stops fetching it while the others go on. fetched is the size of the
-// fetch they came in, the unit of heldCap. Called with mu held.
+// prepare) into its window and the scheduler, all of them: the share
+// source, whose partitions cannot be paused, delivers through it. The
+// others deliver through acceptWithin. fetched is the size of the fetch
+// they came in, the unit of heldCap. Called with mu held.
 func (e *engine) accept(ps *partState, recs []*kgo.Record, meta []recMeta, fetched int) {
 	for i := range meta {
 		e.buf.Admit(&ps.buf, meta[i].size)
 	}
+	e.place(ps, recs, meta, fetched)
+}
+
+// acceptWithin is accept within MaxBufferedBytes: records are admitted
+// while the budget admits them (buffer.Total.Admits: below the bound, so
+// it is exceeded by one record at most, and a record larger than it is
+// admitted alone), and those it has no room for wait in ps.over, not
+// counted and handed to nobody, the partition paused, until bytes free
+// (admitOver). A fetch can be several times the bound (a broker returns a
+// partition's first batch whatever its size, and a poll takes every
+// buffered fetch), so admitting whole polls did not bound anything.
+// Called with mu held.
+func (e *engine) acceptWithin(ps *partState, recs []*kgo.Record, meta []recMeta, fetched int) {
+	if ps.over.Len() > 0 {
+		ps.over.push(recs, meta) // fetched before its pause took effect: after those waiting
+		return
+	}
+	n, parts := 0, len(e.parts)
+	for n < len(meta) && e.buf.Admits(&ps.buf, parts) {
+		e.buf.Admit(&ps.buf, meta[n].size)
+		n++
+	}
+	if n > 0 {
+		e.place(ps, recs[:n], meta[:n], fetched)
+	}
+	if n < len(meta) {
+		ps.over.push(recs[n:], meta[n:])
+		ps.fetched = fetched
+		e.overParts = append(e.overParts, ps)
+		if ps.buf.SetOver(true) {
+			e.syncPause(ps)
+		}
+	}
+}
+
+// admitOver admits the records waiting in the partitions' over queues as
+// far as the budget admits them: the partitions in turn, one that was
+// served going to the back of the line, so that none waits for the others
+// forever. It is called where held records enter windows too (refill,
+// after a record finished), and by the pollers before they wait, never
+// while a lane is being changed. Called with mu held.
+func (e *engine) admitOver() {
+	if len(e.overParts) == 0 || e.buf.Full() {
+		return
+	}
+	line, parts := e.overParts, len(e.parts)
+	next := make([]*partState, 0, len(line))
+	var served []*partState
+	i := 0
+	for ; i < len(line) && !e.buf.Full(); i++ {
+		ps := line[i]
+		if ps.status != live {
+			ps.over.reset() // its owner fetches them again; Drop clears the pause
+			continue
+		}
+		n := ps.over.count(func(m *recMeta) bool {
+			if !e.buf.Admits(&ps.buf, parts) {
+				return false
+			}
+			e.buf.Admit(&ps.buf, m.size)
+			return true
+		})
+		ps.over.take(n, func(recs []*kgo.Record, meta []recMeta) { e.place(ps, recs, meta, ps.fetched) })
+		switch {
+		case ps.over.Len() == 0:
+			if ps.buf.SetOver(false) {
+				e.syncPause(ps)
+			}
+		case n > 0:
+			served = append(served, ps)
+		default:
+			next = append(next, ps)
+		}
+	}
+	e.overParts = append(append(next, line[i:]...), served...)
+}
+
+// place puts admitted records into ps's window, or, those that do not fit
+// in a full window, holds them until it has room; once heldCap are held
+// the partition is paused: its source stops fetching it while the others
+// go on. Called with mu held.
+func (e *engine) place(ps *partState, recs []*kgo.Record, meta []recMeta, fetched int) {
 	readyBefore := e.ready.Len()
 	if ps.held.Len() == 0 {
 		room := min(len(meta), e.cfg.windowRecords-ps.win.Len())
@@ -140,22 +226,16 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 }
 
 // pauseOverShare pauses the partitions that hold more than their share of
-// a used-up MaxBufferedBytes, and reports whether some live partition can
-// still be fetched. Without it, records stuck in one partition (behind a
-// retrying key, say) would hold all of MaxBufferedBytes and stop the poller, and
-// with it every other partition. Called with mu held.
-func (e *engine) pauseOverShare() bool {
-	share, fetchable := e.buf.FairShare(len(e.parts)), false
+// a used-up MaxBufferedBytes: the fetches after the budget frees bring the
+// other partitions' records, not more of those holding it (records stuck
+// behind a retrying key, say). Called with mu held.
+func (e *engine) pauseOverShare() {
+	share := e.buf.FairShare(len(e.parts))
 	for _, ps := range e.parts {
-		if ps.status != live {
-			continue
-		}
-		if e.buf.OverShare(&ps.buf, share) {
+		if ps.status == live && e.buf.OverShare(&ps.buf, share) {
 			e.syncPause(ps)
 		}
-		fetchable = fetchable || !ps.buf.Paused()
 	}
-	return fetchable
 }
 
 // syncPause pauses or resumes fetching ps when its reasons to pause

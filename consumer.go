@@ -212,7 +212,8 @@ type PartitionStats struct {
 	// two of the partition's fetches are held (at least WindowRecords, at
 	// most eight times that) the partition is paused until half of them
 	// moved into the window, so Held never exceeds 8 × WindowRecords plus
-	// one fetch.
+	// one fetch. It also counts fetched records waiting for
+	// MaxBufferedBytes to admit them (the partition is paused meanwhile).
 	Held int
 	// Finished counts records above Start that are already done.
 	Finished int
@@ -221,9 +222,9 @@ type PartitionStats struct {
 	// (a worker with a fast handler takes up to 64 at once, and a worker
 	// running a record run holds up to 64 records of it).
 	InFlight int
-	// Paused reports whether fetching is paused: the window is full, or
-	// the partition holds more than its share of a used-up
-	// MaxBufferedBytes.
+	// Paused reports whether fetching is paused: the window is full, the
+	// partition holds more than its share of a used-up MaxBufferedBytes,
+	// or its fetched records wait for MaxBufferedBytes to admit them.
 	Paused bool
 	// CommittedFinished counts the offsets above Committed that the last
 	// commit's metadata marks finished (offsets compacted away between

@@ -108,6 +108,10 @@ type engine struct {
 	// each partState's part) the reasons to pause fetching
 	// (internal/buffer, worked by admit.go).
 	buf buffer.Total
+	// overParts are the partitions whose fetched records wait, beyond
+	// MaxBufferedBytes, to be admitted (partState.over), in the order
+	// they are served (admitOver).
+	overParts []*partState
 	// space is closed, and set to nil, when buffered bytes drop below
 	// MaxBufferedBytes while pollers wait for it; nil while none waits.
 	space chan struct{}

@@ -1,5 +1,90 @@
 package kpar
 
+import (
+	"sync/atomic"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// fetchSizing is a group member's fetch sizes, derived from
+// MaxBufferedBytes so that the client's fetched records, which wait for
+// the budget to admit them, stay a fraction of it too: fetches of an
+// eighth of it (at least 64 KiB, at most franz-go's 50 MiB), a partition's
+// part of one fetchPartitionBytes (512 KiB at the default budget), and no
+// more fetches in flight or buffered at once than make a quarter of it (at
+// least one). A
+// broker still returns a partition's first batch whatever its size, so a
+// record larger than these is fetched all the same. ClientOptions override
+// each. The sizes count the records as they are sent, compressed or not:
+// fetchSizer shrinks them by the compression it sees.
+func fetchSizing(maxBytes int64) (fetch, part int32, opts []kgo.Opt) {
+	f := min(max(maxBytes/8, 64<<10), 50<<20)
+	fetch, part = int32(f), min(int32(f), fetchPartitionBytes(maxBytes))
+	return fetch, part, []kgo.Opt{
+		kgo.FetchMaxBytes(fetch),
+		kgo.FetchMaxPartitionBytes(part),
+		kgo.MaxConcurrentFetches(int(max(1, maxBytes/4/f))),
+	}
+}
+
+// fetchSizer keeps the fetches' records, once decompressed, near the sizes
+// fetchSizing meant: a broker counts a fetch's bytes compressed, and 512
+// KB values that compress twenty times made a fetch of 4 MiB bring 80 MiB
+// of records, and the partitions' records waiting for the budget hundreds
+// of MiB. Its hook counts every batch's bytes; adjust, by the poller after
+// each poll, divides the client's fetch sizes by the ratio seen.
+type fetchSizer struct {
+	fetch, part  int32 // fetchSizing's, in decompressed bytes
+	ratio        int64 // the divisor applied now; owned by the poller
+	off          bool  // ClientOptions set the fetch sizes: leave them
+	compressed   atomic.Int64
+	uncompressed atomic.Int64
+}
+
+var _ kgo.HookFetchBatchRead = (*fetchSizer)(nil)
+
+// OnFetchBatchRead counts a fetched batch's bytes.
+func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	f.compressed.Add(int64(m.CompressedBytes))
+	f.uncompressed.Add(int64(m.UncompressedBytes))
+}
+
+// maxRatio is the most compression fetchSizer divides by.
+const maxRatio = 256
+
+// start notes whether the client's fetch sizes are fetchSizing's (if
+// ClientOptions set others, adjust leaves them), and until a ratio is seen
+// assumes the most compression: the first fetches are small, not the
+// hundreds of MiB a fetch of well-compressed records decompresses to.
+func (f *fetchSizer) start(cl *kgo.Client) {
+	f.off = cl.OptValue(kgo.FetchMaxBytes) != f.fetch || cl.OptValue(kgo.FetchMaxPartitionBytes) != f.part
+	if !f.off {
+		f.apply(cl, maxRatio)
+	}
+}
+
+// apply divides the client's fetch sizes by ratio.
+func (f *fetchSizer) apply(cl *kgo.Client, ratio int64) {
+	f.ratio = ratio
+	cl.UpdateFetchMaxBytes(int32(max(int64(f.fetch)/ratio, 4<<10)), int32(max(int64(f.part)/ratio, 4<<10)))
+}
+
+// adjust divides the client's fetch sizes by the compression ratio of the
+// batches read since it last judged one, once 64 KiB of them were read
+// (4 KiB, the least fetch, while it assumes the most compression).
+func (f *fetchSizer) adjust(cl *kgo.Client) {
+	c := f.compressed.Load()
+	if f.off || c < 64<<10 && (f.ratio < maxRatio || c < 4<<10) {
+		return
+	}
+	u := f.uncompressed.Load()
+	f.compressed.Add(-c)
+	f.uncompressed.Add(-u)
+	if ratio := min(max(u/c, 1), maxRatio); ratio != f.ratio {
+		f.apply(cl, ratio)
+	}
+}
+
 // fetchPartitionBytes is kpar's default kgo.FetchMaxPartitionBytes, from
 // MaxBufferedBytes: a 128th of it, between 64 KiB and franz-go's default
 // 1 MiB (512 KiB at the default 64 MiB).

@@ -45,6 +45,9 @@ type groupSource struct {
 	// lost keeps what was finished on partitions lost without a commit,
 	// for when they come back (lostwork.go).
 	lost lostWork
+	// sizer shrinks the fetch sizes by the records' compression
+	// (fetchsize.go).
+	sizer fetchSizer
 }
 
 func newGroupSource(e *engine) *groupSource {
@@ -66,6 +69,7 @@ func (g *groupSource) open(ctx context.Context) error {
 		return fmt.Errorf("kpar: connecting to the brokers: %w", err)
 	}
 	g.cl = cl
+	g.sizer.start(cl)
 	g.e.createRetryTopics(ctx, cl)
 	return nil
 }
@@ -119,7 +123,9 @@ func (g *groupSource) close(ctx context.Context, deadline time.Time) error {
 
 func (g *groupSource) clientOpts() []kgo.Opt {
 	e := g.e
-	defaults := []kgo.Opt{
+	var fetchOpts []kgo.Opt
+	g.sizer.fetch, g.sizer.part, fetchOpts = fetchSizing(e.cfg.maxBytes)
+	defaults := append([]kgo.Opt{
 		// Resuming a paused partition takes effect with the next fetch,
 		// and a fetch in flight for partitions with no new data waits
 		// FetchMaxWait first. kpar bench noop, one run: 100ms left the
@@ -127,11 +133,8 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		// 25ms did not (0.73x, 0.87x). The cost is up to 40 empty fetches a
 		// second per broker when idle; override with ClientOptions.
 		kgo.FetchMaxWait(25 * time.Millisecond),
-		// The client's buffered fetches are memory too: keep them within
-		// a quarter of MaxBufferedBytes instead of franz-go's 50 MiB.
-		kgo.FetchMaxBytes(int32(max(min(e.cfg.maxBytes/4, 50<<20), 1<<20))),
-		kgo.FetchMaxPartitionBytes(fetchPartitionBytes(e.cfg.maxBytes)), // fetchsize.go
-	}
+		kgo.WithHooks(&g.sizer),
+	}, fetchOpts...) // the client's buffered fetches are memory too
 	if e.cfg.protocol == ClassicProtocol {
 		// Members that order differently must not share a group: see
 		// orderedBalancer. (Both protocols also check the ordering in the
@@ -208,6 +211,7 @@ func (g *groupSource) deliver(ctx context.Context) error {
 		}
 		topics.observe(fs, time.Now())
 		g.admit(fs)
+		g.sizer.adjust(g.cl)
 	}
 }
 
@@ -297,7 +301,9 @@ func (g *groupSource) admitPartition(p kgo.FetchTopicPartition, recs []*kgo.Reco
 	// rewound (an offset reset). Records already admitted are done or
 	// still tracked, so skipping them loses nothing.
 	last := ps.win.End() - 1
-	if ps.held.Len() > 0 {
+	if ps.over.Len() > 0 {
+		last = ps.over.lastOffset()
+	} else if ps.held.Len() > 0 {
 		last = ps.held.lastOffset()
 	}
 	for len(meta) > 0 && meta[0].offset <= last {
@@ -318,7 +324,7 @@ func (g *groupSource) admitPartition(p kgo.FetchTopicPartition, recs []*kgo.Reco
 		}
 		ps.resumeAt = -1
 	}
-	e.accept(ps, recs, meta, len(p.Records))
+	e.acceptWithin(ps, recs, meta, len(p.Records))
 	return resetFrom, resetTo
 }
 

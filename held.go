@@ -60,5 +60,20 @@ func (q *heldQueue) take(n int, fn func([]*kgo.Record, []recMeta)) {
 	}
 }
 
+// count returns how many held records, from the first, ok accepts: it is
+// called on each in order until it refuses one.
+func (q *heldQueue) count(ok func(*recMeta) bool) int {
+	n := 0
+	for _, s := range q.segs {
+		for i := range s.meta {
+			if !ok(&s.meta[i]) {
+				return n
+			}
+			n++
+		}
+	}
+	return n
+}
+
 // reset forgets every held record.
 func (q *heldQueue) reset() { *q = heldQueue{} }

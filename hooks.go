@@ -59,7 +59,8 @@ type HookCommitRequest interface {
 // its window is full and two of its fetches' worth of records (at least
 // WindowRecords, at most eight times that) wait outside it, or
 // MaxBufferedBytes is used up and the partition holds more than its share
-// of it. buffered is the window's size at that moment.
+// of it, or fetched records of it wait for MaxBufferedBytes to admit them.
+// buffered is the window's size at that moment.
 type HookPartitionPaused interface {
 	OnPartitionPaused(topic string, partition int32, buffered int)
 }
@@ -67,8 +68,9 @@ type HookPartitionPaused interface {
 // HookPartitionResumed is called when a paused partition's fetching
 // resumed: at most half of what paused it still waits outside its window
 // (one of its fetches' worth, within WindowRecords/2 and four times
-// WindowRecords), and it holds at most half its share of MaxBufferedBytes
-// if that paused it. buffered is the window's size.
+// WindowRecords), it holds at most half its share of MaxBufferedBytes if
+// that paused it, and none of its fetched records wait to be admitted.
+// buffered is the window's size.
 type HookPartitionResumed interface {
 	OnPartitionResumed(topic string, partition int32, buffered int)
 }

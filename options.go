@@ -261,11 +261,14 @@ func Brokers(addrs ...string) Opt {
 // topics, commits, rebalance callbacks); setting them here is an error from
 // New. kpar's own client defaults, which options given here override: the
 // cooperative-sticky balancer, kgo.FetchMaxWait 25ms (a paused partition's
-// resume waits for the fetch in flight), kgo.FetchMaxBytes of a quarter
-// of MaxBufferedBytes (at least 1 MiB, at most franz-go's 50 MiB), and
-// kgo.FetchMaxPartitionBytes of a 128th of it (at least 64 KiB, at most
-// franz-go's 1 MiB: small records weigh several times their wire size
-// once decoded, see fetchsize.go).
+// resume waits for the fetch in flight), and fetch sizes derived from
+// MaxBufferedBytes: kgo.FetchMaxBytes an eighth of it (at least 64 KiB, at
+// most franz-go's 50 MiB), kgo.FetchMaxPartitionBytes a 128th of it (at
+// least 64 KiB, at most franz-go's 1 MiB: small records weigh several
+// times their wire size once decoded, see fetchsize.go), and
+// kgo.MaxConcurrentFetches so that the fetches in flight or buffered make
+// a quarter of it at most; kpar divides the first two by the compression
+// ratio of the records it fetches, unless these options set them.
 func ClientOptions(opts ...kgo.Opt) Opt {
 	return opt(func(c *cfg) { c.clientOpts = append(c.clientOpts, opts...) })
 }
@@ -312,10 +315,19 @@ func BatchSize(n int) ConsumerOpt {
 func WindowRecords(n int) FlowOpt { return flowOpt(func(c *cfg) { c.windowRecords = n }) }
 
 // MaxBufferedBytes bounds the key, value and header bytes of all records
-// held across partitions, overriding the default 64 MiB. While the bound
-// is reached, the partitions holding more than their share of it are paused
-// (until they hold half their share) and the others are still fetched;
-// fetching stops only when every partition is paused.
+// held across partitions, those in flight included, overriding the default
+// 64 MiB. A record is admitted only while the bound is not reached, so the
+// records held exceed it by one record at most, whatever their size (one
+// larger than the bound is admitted alone); fetched records it has no room
+// for wait, handed to nobody and their partition paused, until bytes free.
+// A partition takes more than its share of the bound (the bound over the
+// partitions) only while less than half of it is used, so records stuck in
+// one partition leave half of it to the others; and while the bound is
+// reached, the partitions holding more than their share are paused (until
+// they hold half their share). The client's fetch sizes are derived from it
+// (see ClientOptions). Records waiting on a retry timer are not counted:
+// each partition's window bounds them. The share group source
+// (ShareGroup) admits whole fetches.
 func MaxBufferedBytes(n int64) FlowOpt { return flowOpt(func(c *cfg) { c.maxBytes = n }) }
 
 // defaultCommitInterval is CommitInterval's default; see CommitInterval.

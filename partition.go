@@ -158,6 +158,12 @@ type partState struct {
 	// prepared (see prepare); they get their tasks as they enter the
 	// window, when room frees.
 	held heldQueue
+	// over are fetched records, after held ones, that MaxBufferedBytes
+	// had no room for: not admitted, not counted in buf, handed to
+	// nobody. The partition is paused until they all are admitted, as
+	// bytes free (admitOver), so they are at most the fetches of it that
+	// came before the pause took effect.
+	over heldQueue
 	// wide: keyed records enter the wide lane of lanes (widelane.go);
 	// wideHold counts the records to admit to key lanes before it may
 	// open again.

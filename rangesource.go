@@ -198,7 +198,7 @@ func (r *rangeSource) read(ctx context.Context, sl *rangeSlice) error {
 			recs = nil
 			meta := e.prepare(batch)
 			e.mu.Lock()
-			e.accept(sl.ps, batch, meta, len(batch))
+			e.acceptWithin(sl.ps, batch, meta, len(batch))
 			e.mu.Unlock()
 		}
 		if end {
@@ -215,7 +215,7 @@ func (r *rangeSource) read(ctx context.Context, sl *rangeSlice) error {
 // finished. Called with engine.mu held.
 func (sl *rangeSlice) doneLocked() int64 {
 	ps := sl.ps
-	if sl.readDone && ps.win.Pending() == 0 && ps.held.Len() == 0 {
+	if sl.readDone && ps.win.Pending() == 0 && ps.held.Len() == 0 && ps.over.Len() == 0 {
 		return sl.To
 	}
 	if off, ok := ps.win.Start(); ok {

@@ -181,6 +181,7 @@ func (e *engine) dropLocked(ps *partState) {
 	e.stopRuns(ps)
 	wasPaused := e.buf.Drop(&ps.buf, ps.win.Pending()+ps.held.Len())
 	ps.held.reset()
+	ps.over.reset() // never admitted: the next owner fetches them
 	for t, tm := range e.timers {
 		if t.Value.part == ps {
 			tm.Stop()

@@ -30,7 +30,7 @@ func (e *engine) stats() []PartitionStats {
 			End:       ps.win.End(),
 			Committed: ps.committed,
 			Buffered:  ps.win.Len(),
-			Held:      ps.held.Len(),
+			Held:      ps.held.Len() + ps.over.Len(),
 			Finished:  ps.win.FinishedAbove(),
 			InFlight:  ps.running + queued[ps],
 			Paused:    ps.buf.Paused(),

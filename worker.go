@@ -477,7 +477,8 @@ func (e *engine) complete(t *task) (next *task) {
 
 // refill retires the tasks of ps's window below its start and moves held
 // records into the room that frees, after a record of ps finished or was
-// withdrawn. The finished task is not used past it: its chunk may be
+// withdrawn; then it admits the records of any partition that wait for the
+// bytes freed (admitOver). The finished task is not used past it: its chunk may be
 // reused. Called with mu held.
 func (e *engine) refill(ps *partState) {
 	ps.tasks.retire(ps.win, &e.taskPool)
@@ -496,6 +497,7 @@ func (e *engine) refill(ps *partState) {
 		ps.buf.SetHeldFull(false)
 		e.syncPause(ps)
 	}
+	e.admitOver()
 }
 
 // release returns a finished record's budget. Called with mu held.

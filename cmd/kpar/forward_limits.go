@@ -16,8 +16,9 @@ import (
 // ("Memory") for what it costs in resident memory.
 const defaultMaxBufferedBytes = 64 << 20
 
-// minMaxBufferedBytes is the least --max-buffered-bytes taken: below it a
-// fetch (a quarter of the bound, at least 1 MiB) would not fit.
+// minMaxBufferedBytes is the least --max-buffered-bytes taken: below it the
+// fetches sized from the bound (an eighth of it) are too small to be worth
+// their round trips.
 const minMaxBufferedBytes = 1 << 20
 
 // limitFlags are the memory flags of kpar forward and kpar backfill.
@@ -28,7 +29,7 @@ type limitFlags struct {
 // addLimitFlags defines --max-buffered-bytes on fs.
 func addLimitFlags(fs *flagSet) *limitFlags {
 	l := &limitFlags{maxBuffered: defaultMaxBufferedBytes}
-	fs.Var(&l.maxBuffered, "max-buffered-bytes", "bound the key, value and header bytes of the records fetched and not yet finished (in flight included) to `SIZE` (bytes, or with KiB, MiB, GiB, KB, MB, GB); fetching pauses at the bound, so memory does not grow with --concurrency x record size")
+	fs.Var(&l.maxBuffered, "max-buffered-bytes", "bound the key, value and header bytes of the records fetched and not yet finished (in flight included) to `SIZE` (bytes, or with KiB, MiB, GiB, KB, MB, GB); a record is admitted only below the bound (so it is exceeded by one record at most) and fetching pauses, so memory does not grow with --concurrency x record size")
 	return l
 }
 

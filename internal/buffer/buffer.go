@@ -15,6 +15,15 @@
 // while a window's worth of records is held outside its full window
 // (SetHeldFull). Sync turns the reasons into the pause the caller applies.
 //
+// Admission is bounded (Admits): a record is admitted only while the total
+// is below the budget, so the total never exceeds it by more than one
+// record, however large (one larger than the budget is admitted alone,
+// once the total is below it). A partition takes more than its fair share
+// only while the total is below half the budget: records stuck in one
+// partition (its window start retrying) leave half of it to the others.
+// A partition whose fetched records wait to be admitted pauses
+// (SetOver) until they all are.
+//
 // Invariants: the total's bytes are the sum, over the partitions not
 // dropped, of their bytes not parked; pending is the records admitted and
 // neither finished nor dropped; a partition is paused exactly when it has
@@ -38,6 +47,7 @@ type Part struct {
 	paused  bool  // as last synced
 	held    bool  // a window's worth of records is held outside the window
 	overOwn bool  // over its fair share of a used-up budget
+	over    bool  // fetched records wait outside the budget to be admitted
 }
 
 // New returns an empty budget of max bytes.
@@ -48,6 +58,14 @@ func (t *Total) Admit(p *Part, size int64) {
 	p.bytes += size
 	t.bytes += size
 	t.pending++
+}
+
+// Admits reports whether p, one of parts partitions, may admit one more
+// record now: the total is below the budget, and p is below its fair
+// share or the total below half the budget. Parked bytes count for
+// neither.
+func (t *Total) Admits(p *Part, parts int) bool {
+	return t.bytes < t.max && (p.bytes-p.parked < t.FairShare(parts) || t.bytes < t.max/2)
 }
 
 // Finish counts n records of size bytes in all as finished in p, one of
@@ -84,7 +102,7 @@ func (t *Total) Drop(p *Part, pending int) (wasPaused bool) {
 	t.pending -= pending
 	p.bytes = 0
 	wasPaused = p.paused
-	p.paused, p.held, p.overOwn = false, false, false
+	p.paused, p.held, p.overOwn, p.over = false, false, false, false
 	return wasPaused
 }
 
@@ -130,6 +148,16 @@ func (p *Part) SetHeldFull(full bool) bool {
 	return true
 }
 
+// SetOver notes whether fetched records of p wait to be admitted, and
+// reports whether that changed (call Sync).
+func (p *Part) SetOver(over bool) bool {
+	if p.over == over {
+		return false
+	}
+	p.over = over
+	return true
+}
+
 // HeldFull reports whether p pauses for its held records.
 func (p *Part) HeldFull() bool { return p.held }
 
@@ -142,7 +170,7 @@ func (p *Part) Bytes() int64 { return p.bytes }
 // Sync makes p paused exactly when it has a reason to be, and reports
 // whether that changed, and to what: the caller pauses or resumes it.
 func (p *Part) Sync() (changed, paused bool) {
-	want := p.held || p.overOwn
+	want := p.held || p.overOwn || p.over
 	if want == p.paused {
 		return false, p.paused
 	}

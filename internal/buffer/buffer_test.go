@@ -77,6 +77,49 @@ func TestHeldAndOverShareAreTwoReasons(t *testing.T) {
 	}
 }
 
+func TestAdmissionStopsAtTheBudgetPlusOneRecord(t *testing.T) {
+	b := New(100)
+	var p, q Part
+	n := 0
+	for b.Admits(&p, 1) {
+		b.Admit(&p, 30)
+		n++
+	}
+	if n != 4 || b.Bytes() != 120 {
+		t.Fatalf("admitted %d records of 30 (%d bytes) into a budget of 100, want 4 (the last one over it)", n, b.Bytes())
+	}
+	b = New(100)
+	b.Admit(&q, 0) // an empty budget admits a record larger than it, alone
+	if !b.Admits(&p, 1) {
+		t.Fatal("a record larger than the budget is never admitted")
+	}
+	b.Admit(&p, 500)
+	if b.Admits(&p, 1) || b.Admits(&q, 1) {
+		t.Fatal("admitted past a record larger than the budget")
+	}
+}
+
+func TestAPartitionOverItsShareLeavesHalfTheBudgetToTheOthers(t *testing.T) {
+	b := New(100)
+	var stuck, other Part
+	for b.Admits(&stuck, 2) {
+		b.Admit(&stuck, 10)
+	}
+	if stuck.Bytes() != 50 {
+		t.Fatalf("a partition over its share (50) took %d bytes, want it stopped at half the budget", stuck.Bytes())
+	}
+	for b.Admits(&other, 2) {
+		b.Admit(&other, 10)
+	}
+	if other.Bytes() != 50 || b.Bytes() != 100 {
+		t.Fatalf("the other partition took %d bytes (total %d), want the other half", other.Bytes(), b.Bytes())
+	}
+	b.Park(&stuck, 30) // parked records leave its share too
+	if !b.Admits(&stuck, 2) {
+		t.Fatal("a partition at 20 unparked bytes of a share of 50 cannot admit")
+	}
+}
+
 func TestDrainEndsWhenTheLastRecordFinishes(t *testing.T) {
 	b := New(100)
 	var p Part
@@ -146,7 +189,11 @@ func FuzzBudget(f *testing.F) {
 					b.OverShare(p, b.FairShare(3))
 				}
 			case 6:
-				p.SetHeldFull(!p.HeldFull())
+				if op&1 == 0 {
+					p.SetHeldFull(!p.HeldFull())
+				} else {
+					p.SetOver(!p.over)
+				}
 			case 7:
 				if live[i] {
 					n := len(recs[i]) + len(parked[i])
@@ -167,8 +214,8 @@ func FuzzBudget(f *testing.F) {
 			if b.Bytes() != want || b.Pending() != pending {
 				t.Fatalf("bytes %d pending %d, want %d and %d", b.Bytes(), b.Pending(), want, pending)
 			}
-			if p.Paused() != (p.held || p.overOwn) {
-				t.Fatalf("synced partition: paused %v, held %v, over %v", p.Paused(), p.held, p.overOwn)
+			if p.Paused() != (p.held || p.overOwn || p.over) {
+				t.Fatalf("synced partition: paused %v, held %v, over its share %v, waiting %v", p.Paused(), p.held, p.overOwn, p.over)
 			}
 		}
 	})
