@@ -28,14 +28,14 @@ func TestFetchSizesShrinkByTheCompressionSeen(t *testing.T) {
 		return cl.OptValue(kgo.FetchMaxBytes).(int32), cl.OptValue(kgo.FetchMaxPartitionBytes).(int32)
 	}
 	read := func(f *fetchSizer, compressed, uncompressed int) {
-		f.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{CompressedBytes: compressed, UncompressedBytes: uncompressed})
+		f.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{CompressedBytes: compressed, UncompressedBytes: uncompressed, NumRecords: 1})
 	}
 
 	cl, f := client()
-	if fetch, part := sizes(cl); fetch != 8<<20/maxRatio || part != 4<<10 {
-		t.Fatalf("before any batch: fetch %d, partition %d; want 64 MiB/8/%d and the least, 4 KiB", fetch, part, maxRatio)
+	if fetch, part := sizes(cl); fetch != 8<<20 || part != 512<<10 {
+		t.Fatalf("before any batch: fetch %d, partition %d; want 8 MiB and 512 KiB, undivided", fetch, part)
 	}
-	read(f, 32<<10, 640<<10) // 20 times
+	read(f, 64<<10, 1280<<10) // 20 times
 	f.adjust(cl)
 	if fetch, part := sizes(cl); fetch != 8<<20/20 || part != 512<<10/20 {
 		t.Fatalf("after batches compressed 20 times: fetch %d, partition %d; want 8 MiB and 512 KiB over 20", fetch, part)
@@ -104,5 +104,25 @@ func TestTheGroupClientFetchesPerPartitionWhatTheBudgetAllowsUnlessClientOptions
 	given := func(c *cfg) { c.clientOpts = append(c.clientOpts, kgo.FetchMaxPartitionBytes(3<<20)) }
 	if got := clientFetchPartitionBytes(t, given); got != 3<<20 {
 		t.Errorf("with ClientOptions(kgo.FetchMaxPartitionBytes(3 MiB)): %d, want 3 MiB", got)
+	}
+}
+
+// TestSmallRecordsAreFetchedUndivided: records smaller than largeRecord on
+// average are fetched at fetchSizing's sizes however well they compress
+// (dividing them cost kpar bench noop a fifth of its rate).
+func TestSmallRecordsAreFetchedUndivided(t *testing.T) {
+	var f fetchSizer
+	var opts []kgo.Opt
+	f.fetch, f.part, opts = fetchSizing(64 << 20)
+	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers("127.0.0.1:1"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	f.start(cl)
+	f.OnFetchBatchRead(kgo.BrokerMetadata{}, "t", 0, kgo.FetchBatchMetrics{CompressedBytes: 64 << 10, UncompressedBytes: 640 << 10, NumRecords: 6400})
+	f.adjust(cl)
+	if fetch, part := cl.OptValue(kgo.FetchMaxBytes).(int32), cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); fetch != 8<<20 || part != 512<<10 {
+		t.Fatalf("after 100-byte records compressed 10 times: fetch %d, partition %d; want 8 MiB and 512 KiB", fetch, part)
 	}
 }
