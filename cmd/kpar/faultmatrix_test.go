@@ -216,7 +216,7 @@ func (c *faultCell) runMember() {
 	c.ready = watchReady(ctx, t, c.l, func() int64 { return int64(produced) })
 	c.ready.follow(c.status)
 	for range c.reps {
-		waitFinished(ctx, t, c.l, p, c.l.Report().Handled+int64(c.n/3))
+		c.waitFinished(p, c.l.Report().Handled+int64(c.n/3))
 		at := time.Now()
 		switch c.fault {
 		case "broker-restart":
@@ -245,7 +245,7 @@ func (c *faultCell) runMember() {
 		c.outageOrKilled = append(c.outageOrKilled, time.Since(at))
 		produce()
 	}
-	waitFinished(ctx, t, c.l, p, int64(produced))
+	c.waitFinished(p, int64(produced))
 	c.ready.awaitReady(ctx, t, p)
 	c.ready.stop()
 	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
@@ -266,7 +266,7 @@ func (c *faultCell) runBackfill() {
 	c.ready = watchReady(ctx, t, c.l, func() int64 { return int64(total) }) // progress only: backfill has no /readyz
 	p := startBackfill(ctx, t, c.bin, io.Discard, c.args...)
 	for k := range c.reps {
-		waitFinished(ctx, t, c.l, p, int64(c.n*k+c.n/3))
+		c.waitFinished(p, int64(c.n*k+c.n/3))
 		at := time.Now()
 		switch c.fault {
 		case "broker-restart":
@@ -285,6 +285,32 @@ func (c *faultCell) runBackfill() {
 		t.Errorf("kpar backfill exited %d, want 0 (every record handled); stderr:\n%s", code, tail(p.stderr))
 	}
 	c.ready.stop()
+}
+
+// waitFinished is waitFinished failing the cell as soon as the ledger
+// has seen no progress for fmStallBound: a stall past the bound is a
+// failed cell, with no need to wait out the cell's whole time.
+func (c *faultCell) waitFinished(p *process, n int64) {
+	c.t.Helper()
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	go func() {
+		last, at := int64(-1), time.Now()
+		for ctx.Err() == nil {
+			if h := c.l.Report().Handled; h != last {
+				last, at = h, time.Now()
+			} else if time.Since(at) > fmStallBound {
+				c.t.Logf("no record finished for %v while %d waited: the cell stalls past its bound", fmStallBound, n-h)
+				cancel()
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(readyPoll):
+			}
+		}
+	}()
+	waitFinished(ctx, c.t, c.l, p, n)
 }
 
 // judge checks the cell's ledger, dead letters, replies, commits and
