@@ -495,11 +495,17 @@ func fmStatusAddr() string {
 	return fmt.Sprintf("127.0.0.1:%d", fmNextPort.Add(1))
 }
 
-// fmNextPort numbers the cells' status ports: this engineer's range,
-// 19201-19229 (12 cells).
+// fmNextPort numbers the cells' status ports from 19201 (12 cells), or
+// from KPAR_FAULTMATRIX_PORT_BASE+1, to run two matrices at once.
 var fmNextPort atomic.Int32
 
-func init() { fmNextPort.Store(19200) }
+func init() {
+	base, err := strconv.Atoi(os.Getenv("KPAR_FAULTMATRIX_PORT_BASE"))
+	if err != nil {
+		base = 19200
+	}
+	fmNextPort.Store(int32(base))
+}
 
 // awaitReady waits (up to 30s) for /readyz to answer 200 once every record
 // is finished.
