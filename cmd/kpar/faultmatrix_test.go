@@ -202,6 +202,12 @@ func (c *faultCell) memberArgs() []string {
 	return args
 }
 
+// fmCleanBrokerEnv stops the broker with SIGTERM rather than SIGKILL in
+// the groups' broker-restart cells: a clean stop, after which kfake
+// keeps its in-progress transactions (session_state.json), to tell a
+// lost transaction state from kpar's own doing.
+const fmCleanBrokerEnv = "KPAR_FAULTMATRIX_CLEAN_BROKER_STOP"
+
 // runMember runs a group or share-group member through reps faults, the
 // records of one phase produced before each and one after the last.
 func (c *faultCell) runMember() {
@@ -225,7 +231,7 @@ func (c *faultCell) runMember() {
 			// broker refuses the directory (--forget-share-groups), as
 			// TestBrokerRefusesLostShareGroups checks.
 			sig := syscall.SIGKILL
-			if c.src == "share" {
+			if c.src == "share" || os.Getenv(fmCleanBrokerEnv) != "" {
 				sig = syscall.SIGTERM
 			}
 			c.broker.signal(ctx, t, sig)
