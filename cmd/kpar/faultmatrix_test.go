@@ -421,7 +421,7 @@ func withReplies(t *testing.T, ep *ledgerEndpoint) string {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		w.Header().Set("Content-Type", "text/plain")
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &fmStatusWriter{ResponseWriter: w}
 		ep.ServeHTTP(sw, r)
 		if sw.status/100 == 2 {
 			fmt.Fprintf(w, "reply to %s", body)
@@ -431,12 +431,12 @@ func withReplies(t *testing.T, ep *ledgerEndpoint) string {
 	return srv.URL
 }
 
-type statusWriter struct {
+type fmStatusWriter struct {
 	http.ResponseWriter
 	status int
 }
 
-func (w *statusWriter) WriteHeader(code int) { w.status = code; w.ResponseWriter.WriteHeader(code) }
+func (w *fmStatusWriter) WriteHeader(code int) { w.status = code; w.ResponseWriter.WriteHeader(code) }
 
 // readyWatch samples a member's /readyz and the ledger's progress every
 // readyPoll, from the first fault on, to judge readiness against what
