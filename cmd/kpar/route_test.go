@@ -460,6 +460,7 @@ func TestRouteSummaryLogsChangesEachIntervalAndTheTotals(t *testing.T) {
 // TestForwardCheckConfigPrintsTheRoutes: the dry run compiles the
 // expressions and prints them, with where unmatched records go.
 func TestForwardCheckConfigPrintsTheRoutes(t *testing.T) {
+	withoutKparEnv(t)
 	var stdout, stderr bytes.Buffer
 	code := cmdForward(t.Context(), []string{"--check-config", "--brokers", "127.0.0.1:1", "--group", "g", "--topic", "t",
 		"--filter", `topic != "x"`, "--route", `value.kind == "a" -> http://127.0.0.1:1/a`}, &stdout, &stderr)

@@ -764,6 +764,7 @@ func TestTypedRecordsOnEveryWayOfConsuming(t *testing.T) {
 // --schema-registry and --reply-schema prints them and asks nothing of a
 // registry that is not there.
 func TestTypedCheckConfigAsksNoRegistry(t *testing.T) {
+	withoutKparEnv(t)
 	var stdout, stderr bytes.Buffer
 	code := cmdForward(t.Context(), []string{"--brokers", "127.0.0.1:1", "--group", "g", "--topic", "t", "--url", "http://127.0.0.1:1/",
 		"--schema-registry", "http://127.0.0.1:1", "--reply-topic", "out", "--reply-schema", "out-value:2", "--check-config"}, &stdout, &stderr)
