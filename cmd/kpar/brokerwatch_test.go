@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -49,7 +48,7 @@ func TestForwardReportsUnreachableBrokers(t *testing.T) {
 	}
 	_, after, _ := strings.Cut(log, "metrics_listen=")
 	status, _, _ := strings.Cut(after, "\n")
-	code, body := getStatus(ctx, t, "http://"+status+"/readyz")
+	code, body := readyz(ctx, status) // certificate_test.go
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "cannot reach brokers "+addr) || !strings.Contains(body, "connection refused") {
 		t.Errorf("GET /readyz = %d %q, want 503 saying it cannot reach %s and why", code, body, addr)
 	}
@@ -59,22 +58,6 @@ func TestForwardReportsUnreachableBrokers(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "stopped before it ever reached a broker") {
 		t.Errorf("the stop does not say no broker was reached; stderr:\n%s", tail(p.stderr))
 	}
-}
-
-// getStatus GETs url and returns the status code and body.
-func getStatus(ctx context.Context, t *testing.T, url string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 // TestForwardExplainsAJoinHeldByADeadMember: restarted after kill -9, a
