@@ -135,6 +135,39 @@ type flowGate struct {
 }
 
 func newFlowGate() *flowGate { return &flowGate{open: make(chan struct{})} }
+
+// downUntil is a downstream that fails every attempt with fail until
+// failures such attempts were seen (enough is then closed), and from then
+// on handles each record into its ledger: an outage that ends by itself,
+// or when the cell does.
+type downUntil struct {
+	Handler
+	failed atomic.Int64
+	enough chan struct{}
+}
+
+func newDownUntil(cl *cell, l *invariant.Ledger, failures int64, fail error) *downUntil {
+	d := &downUntil{enough: make(chan struct{})}
+	gate := newFlowGate()
+	d.Handler = HandlerFunc(func(_ context.Context, r *kgo.Record) error {
+		if !gate.up() {
+			if d.failed.Add(1) == failures {
+				close(d.enough)
+			}
+			return fail
+		}
+		l.Handled(r)
+		return nil
+	})
+	go func() {
+		select {
+		case <-d.enough:
+		case <-cl.done.Done():
+		}
+		gate.openNow()
+	}()
+	return d
+}
 func (g *flowGate) up() bool {
 	select {
 	case <-g.open:
@@ -152,38 +185,19 @@ func testOutage(t *testing.T, src flowSource) {
 	const n, failures = 200, 40
 	cl := newCell(t, src, n, func(i int) int { return i % 20 })
 	l := cl.produced(invariant.Unordered)
-	down := newFlowGate()
-	var failed atomic.Int64
-	enough := make(chan struct{})
-	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-		if !down.up() {
-			if failed.Add(1) == failures {
-				close(enough)
-			}
-			return Overloaded(errUnavailable)
-		}
-		l.Handled(r)
-		return nil
-	})
-	go func() {
-		select {
-		case <-enough:
-		case <-cl.done.Done():
-		}
-		down.openNow()
-	}()
+	d := newDownUntil(cl, l, failures, Overloaded(errUnavailable))
 	sink := &memSink{}
-	if !cl.mustRun(h, MaxAttempts(1), DeadLetters(sink)) {
+	if !cl.mustRun(d, MaxAttempts(1), DeadLetters(sink)) {
 		return
 	}
 	select {
-	case <-enough:
+	case <-d.enough:
 	default:
-		t.Fatalf("only %d overloaded attempts before the bound, want %d", failed.Load(), failures)
+		t.Fatalf("only %d overloaded attempts before the bound, want %d", d.failed.Load(), failures)
 	}
 	if dead := lettersByIndex(sink); len(dead) > 0 {
 		t.Errorf("%d of %d records dead-lettered for the downstream's overload (%d overloaded attempts), first %s",
-			len(dead), n, failed.Load(), cl.describe(firstKeys(dead, 1)[0]))
+			len(dead), n, d.failed.Load(), cl.describe(firstKeys(dead, 1)[0]))
 	}
 	if rep := l.Report(); rep.Handled != n {
 		t.Errorf("%d of %d records handled (%d dead-lettered): %s", rep.Handled, n, cl.fin.deadLettered(), cl.unfinished())

@@ -2,15 +2,11 @@ package kpar
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
-
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	invariant "github.com/kpar/kpar/internal/ledger"
 )
@@ -60,34 +56,15 @@ func testMisconfigured(t *testing.T, src flowSource) {
 	const n, failures = 200, 40
 	cl := newCell(t, src, n, func(i int) int { return i % 20 })
 	l := cl.produced(invariant.Unordered)
-	fixed := newFlowGate()
-	var failed atomic.Int64
-	enough := make(chan struct{})
-	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-		if !fixed.up() {
-			if failed.Add(1) == failures {
-				close(enough)
-			}
-			return Misconfigured(errBadCertificate)
-		}
-		l.Handled(r)
-		return nil
-	})
-	go func() {
-		select {
-		case <-enough:
-		case <-cl.done.Done():
-		}
-		fixed.openNow()
-	}()
+	d := newDownUntil(cl, l, failures, Misconfigured(errBadCertificate))
 	sink := &memSink{}
 	logs := new(logRecorder)
-	if !cl.mustRun(h, MaxAttempts(1), DeadLetters(sink), WithLogger(logs.logger())) {
+	if !cl.mustRun(d, MaxAttempts(1), DeadLetters(sink), WithLogger(logs.logger())) {
 		return
 	}
 	if dead := lettersByIndex(sink); len(dead) > 0 {
 		t.Errorf("%d of %d records dead-lettered for a certificate that stopped verifying (%d refused attempts), first %s",
-			len(dead), n, failed.Load(), cl.describe(firstKeys(dead, 1)[0]))
+			len(dead), n, d.failed.Load(), cl.describe(firstKeys(dead, 1)[0]))
 	}
 	if rep := l.Report(); rep.Handled != n {
 		t.Errorf("%d of %d records handled (%d dead-lettered): %s", rep.Handled, n, cl.fin.deadLettered(), cl.unfinished())
