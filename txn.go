@@ -119,28 +119,46 @@ func isKafkaSink(s deadletter.Sink) bool {
 // A failed transaction is aborted and its outputs go into the next one, in
 // front of the newer ones: their records stay finished in the windows, and
 // the next commit includes them again. Called with g.commitMu held.
+//
+// A transaction that failed because an output was too large for its topic
+// goes again at once, with the input's dead letter in that output's place
+// (refit): as the running case would after the settler's backoff, and at a
+// stop, where the final commit has no next settle, so that it ends cleanly.
 func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 	e := g.e
-	e.mu.Lock()
-	todo := g.snapshotLocked(only)
-	outs := e.takeOutputs()
-	e.mu.Unlock()
-	if len(outs) == 0 {
-		if len(todo) == 0 {
+	for attempt := 1; ; attempt++ {
+		e.mu.Lock()
+		todo := g.snapshotLocked(only)
+		outs := e.takeOutputs()
+		e.mu.Unlock()
+		if len(outs) == 0 {
+			if len(todo) == 0 {
+				return nil
+			}
+			_, err := g.commitParts(ctx, todo)
+			return err
+		}
+		refitted, err := g.transact(ctx, todo, outs)
+		if err == nil {
 			return nil
 		}
-		_, err := g.commitParts(ctx, todo)
-		return err
-	}
-	err := g.transact(ctx, todo, outs)
-	if err != nil {
 		e.mu.Lock()
 		e.putBackOutputs(outs)
-		e.askCommit() // try again after the settler's backoff
+		again := refitted && attempt < maxRefitAttempts && ctx.Err() == nil
+		if !again {
+			e.askCommit() // try again after the settler's backoff
+		}
 		e.mu.Unlock()
+		if !again {
+			return err
+		}
 	}
-	return err
 }
+
+// maxRefitAttempts bounds the transactions one commit runs while outputs
+// are refused as too large and refit: a dead letter is cut a stage further
+// each time (deadletter.KafkaSink.Cut), and several records may not fit.
+const maxRefitAttempts = 8
 
 // takeOutputs takes the outputs waiting for a transaction, but those of
 // partitions dropped meanwhile: their next owner handles their records,
@@ -166,7 +184,9 @@ func (e *engine) putBackOutputs(outs []pendingOutput) {
 // transact runs one transaction: the outputs, then the commit of todo
 // (AddOffsetsToTxn and TxnOffsetCommit, with the member's ID and generation
 // so that a zombie is fenced), then its end. Any failure aborts it.
-func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pendingOutput) error {
+// refitted reports that outs changed for the next one: an output too large
+// for its topic gave way to its input's dead letter (refit).
+func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pendingOutput) (refitted bool, _ error) {
 	e := g.e
 	txn := e.out.cl
 	// A transaction ends even when ctx is done (the settler stops at
@@ -176,10 +196,10 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	if err := txn.BeginTransaction(); err != nil {
 		// One an earlier call could not end: abort it, and begin again.
 		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
-			return fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
+			return false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
 		}
 		if err := txn.BeginTransaction(); err != nil {
-			return fmt.Errorf("kpar: beginning a transaction: %w", err)
+			return false, fmt.Errorf("kpar: beginning a transaction: %w", err)
 		}
 	}
 	var (
@@ -220,7 +240,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	for i, r := range refused {
 		if e.out.guilty(endCtx, r.rec) {
 			guilty = true
-			e.refit(endCtx, &outs[i], r.rec, r.err)
+			refitted = e.refit(endCtx, &outs[i], r.rec, r.err) || refitted
 		}
 	}
 	for _, r := range refused {
@@ -257,7 +277,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 		if len(todo) > 0 {
 			g.committed(todo, nil, tooLarge)
 		}
-		return fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
+		return refitted, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
 	}
 	if asked == nil {
 		asked = askedOffsets(todo)
@@ -266,7 +286,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	for _, h := range e.hooks.commit {
 		h.OnCommit(asked, nil)
 	}
-	return nil
+	return false, nil
 }
 
 // outputRefusal is an output a topic refused, and the error it gave.
