@@ -127,6 +127,14 @@ func isKafkaSink(s deadletter.Sink) bool {
 func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 	e := g.e
 	for attempt := 1; ; attempt++ {
+		// The transaction commits as the member that held the partitions
+		// when it took their outputs: read before the snapshot, a newer
+		// generation's commit is refused and goes again, never the other
+		// way round (a transaction of partitions lost in between, whose
+		// flush outlived a broker outage, committed in the name of the
+		// member that got them back and was handling their records again:
+		// their replies twice).
+		member := groupMember(g.cl)
 		e.mu.Lock()
 		todo := g.snapshotLocked(only)
 		outs := e.takeOutputs()
@@ -138,7 +146,7 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 			_, err := g.commitParts(ctx, todo)
 			return err
 		}
-		refitted, err := g.transact(ctx, todo, outs)
+		refitted, err := g.transact(ctx, member, todo, outs)
 		if err == nil {
 			return nil
 		}
@@ -186,7 +194,7 @@ func (e *engine) putBackOutputs(outs []pendingOutput) {
 // so that a zombie is fenced), then its end. Any failure aborts it.
 // refitted reports that outs changed for the next one: an output too large
 // for its topic gave way to its input's dead letter (refit).
-func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pendingOutput) (refitted bool, _ error) {
+func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted bool, _ error) {
 	e := g.e
 	txn := e.out.cl
 	// A transaction ends even when ctx is done (the settler stops at
@@ -230,6 +238,14 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 		}
 	}
 	err := txn.Flush(ctx)
+	if err != nil {
+		// The flush gave up (ctx done: a stop while the broker is away)
+		// with records still buffered. They must not go out in the next
+		// transaction, beside the same outputs produced again there.
+		if abortErr := txn.AbortBufferedRecords(endCtx); abortErr != nil {
+			e.log.Warn("kpar: failing the outputs still buffered for an aborted transaction failed", "err", abortErr)
+		}
+	}
 	mu.Lock()
 	err = cmpOr(err, produceErr)
 	refused := refusedOuts
@@ -252,7 +268,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	var asked map[string]map[int32]int64
 	var tooLarge []*commitPart
 	if err == nil && len(todo) > 0 {
-		asked, tooLarge, err = g.txnOffsetCommit(ctx, txn, todo)
+		asked, tooLarge, err = g.txnOffsetCommit(ctx, txn, member, todo)
 	}
 	end := kgo.TryCommit
 	if err != nil {
@@ -316,8 +332,20 @@ func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart) bool {
 	return true
 }
 
-// txnOffsetCommit adds the commit of todo to the open transaction of txn.
-func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, todo []commitPart) (map[string]map[int32]int64, []*commitPart, error) {
+// groupIdentity is a member's ID and generation (or epoch) in its group.
+type groupIdentity struct {
+	id         string
+	generation int32
+}
+
+func groupMember(cl *kgo.Client) groupIdentity {
+	id, generation := cl.GroupMetadata()
+	return groupIdentity{id, generation}
+}
+
+// txnOffsetCommit adds the commit of todo to the open transaction of txn,
+// in the name of member.
+func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, member groupIdentity, todo []commitPart) (map[string]map[int32]int64, []*commitPart, error) {
 	e := g.e
 	id, epoch, err := txn.ProducerID(ctx)
 	if err != nil {
@@ -338,10 +366,9 @@ func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, todo
 	if err != nil {
 		return nil, nil, err
 	}
-	member, generation := g.cl.GroupMetadata()
 	req := kmsg.NewPtrTxnOffsetCommitRequest()
 	req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch = txnID, e.cfg.group, id, epoch
-	req.MemberID, req.Generation = member, generation
+	req.MemberID, req.Generation = member.id, member.generation
 	if e.cfg.instanceID != "" {
 		req.InstanceID = kmsg.StringPtr(e.cfg.instanceID)
 	}

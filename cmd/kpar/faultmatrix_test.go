@@ -74,9 +74,16 @@ func TestFaultMatrix(t *testing.T) {
 // KPAR_FAULTMATRIX_KNOWN=1, so that the matrix guards the cells that pass;
 // issue 35 stays open until this map is empty.
 var fmKnownFailures = map[string]string{
-	"broker-restart/group-classic/exactly-once":  "a SIGKILL of kpar broker --data-dir costs hundreds of duplicates and repeats replies or leaves a transaction open for good (kfake saves transaction state only on a clean stop, as it does share groups; not yet proven the cause)",
+	"kill-9/group-consumer/at-least-once": "/readyz stays 200 while the restarted member waits for the dead member's partitions: readiness does not see partitions nobody owns (issue 35, item 8)",
+}
+
+// fmKnownDuplicates are the cells that run, judged on everything but
+// their duplicate deliveries, which exceed the bound on today's code, with
+// why; KPAR_FAULTMATRIX_KNOWN=1 holds them to the bound too. Issue 35
+// stays open until this map is empty as well.
+var fmKnownDuplicates = map[string]string{
+	"broker-restart/group-classic/exactly-once":  "about 400 duplicate deliveries (bound 32): the outage costs the member its partitions (heartbeats fail), and under ExactlyOnce it keeps nothing of what it finished since its last transaction (lostwork.go keeps that at least once only: the outputs would have to be kept too), so it handles those records again once it has them back",
 	"broker-restart/group-consumer/exactly-once": "as broker-restart/group-classic/exactly-once",
-	"kill-9/group-consumer/at-least-once":        "/readyz stays 200 while the restarted member waits for the dead member's partitions: readiness does not see partitions nobody owns (issue 35, item 8)",
 }
 
 const (
@@ -374,13 +381,18 @@ func (c *faultCell) judge(ep *ledgerEndpoint) {
 	}
 	r := c.ready.result()
 	dupBound := fmDupBound(c.src) * int64(c.reps)
+	checkBound := dupBound
+	if why, known := fmKnownDuplicates[c.fault+"/"+c.src+"/"+map[bool]string{false: "at-least-once", true: "exactly-once"}[c.eos]]; known && os.Getenv("KPAR_FAULTMATRIX_KNOWN") == "" {
+		t.Logf("duplicates not held to the bound of %d on today's code (KPAR_FAULTMATRIX_KNOWN=1 does): %s", dupBound, why)
+		checkBound = -1
+	}
 	t.Logf("matrix row: %s/%s eos=%v, %d records, %d faults (%v each): lost %d, wrongly dead-lettered %d, duplicates %d (bound %d), replies missing %d repeated %d (distinct replies in the log but not read_committed: %d), longest stretch without progress %v (bound %v), readiness: %s",
 		c.fault, c.src, c.eos, rep.Produced, c.reps, c.outageOrKilled, rep.Lost, letters, rep.Duplicates, dupBound,
 		repliesMissing, repliesRepeated, repliesUncommitted, r.longest.Round(10*time.Millisecond), fmStallBound, r.verdict(c.src))
 	if bad := ep.malformed(); len(bad) > 0 {
 		t.Errorf("malformed requests: %q", bad)
 	}
-	if err := rep.Check(dupBound); err != nil {
+	if err := rep.Check(checkBound); err != nil {
 		t.Error(err)
 	}
 	if letters > 0 {
