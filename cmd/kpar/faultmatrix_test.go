@@ -273,6 +273,9 @@ func (c *faultCell) runMember() {
 		produce()
 	}
 	c.waitFinished(p, int64(produced))
+	if c.eos {
+		c.waitCommittedAtEnd()
+	}
 	c.ready.awaitReady(ctx, t, p)
 	c.ready.stop()
 	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
@@ -338,6 +341,45 @@ func (c *faultCell) waitFinished(p *process, n int64) {
 		}
 	}()
 	waitFinished(ctx, c.t, c.l, p, n)
+}
+
+// waitCommittedAtEnd waits, under --exactly-once, for the group's commit
+// to reach every partition's end: a record is done once its transaction
+// committed, after its handler returned (which is what the ledger sees).
+// After a kill -9 of the broker, which forgets the group's members, a
+// member handles its buffered records before it learns that (its next
+// heartbeat): stopped then, its final transaction would be refused as the
+// unknown member's, and its records left to a next member.
+func (c *faultCell) waitCommittedAtEnd() {
+	t, ctx := c.t, c.ctx
+	t.Helper()
+	cl := newClient(t, c.addr)
+	defer cl.Close()
+	ends := endOffsets(ctx, t, c.addr, c.topic)
+	for deadline := time.Now().Add(fmStallBound); ; {
+		offs, err := kadm.NewClient(cl).FetchOffsets(ctx, c.group)
+		short := len(ends)
+		if err == nil {
+			short = 0
+			for p, end := range ends {
+				if o, ok := offs.Lookup(c.topic, p); end > 0 && (!ok || o.At != end) {
+					short++
+				}
+			}
+		}
+		if short == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("every record handled, but the commit did not reach the end of %d partitions within %v (%v)", short, fmStallBound, err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(readyPoll):
+		}
+	}
 }
 
 // judge checks the cell's ledger, dead letters, replies, commits and
