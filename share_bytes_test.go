@@ -16,7 +16,8 @@ import (
 // records of 64 KB, a bound of 512 KiB and 256 workers, the records handled
 // at once weigh no more than the bound plus one record; the acquired
 // records that wait for room stay acquired (their locks renewed) until
-// bytes free. Before, a share group admitted whole polls: 192 records (12.6 MB) handled at once.
+// bytes free. Before, a share group admitted whole polls: 192 records
+// (12.6 MB) handled at once.
 func TestShareGroupRecordsStayWithinMaxBufferedBytes(t *testing.T) {
 	const (
 		n     = 192

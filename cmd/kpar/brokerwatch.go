@@ -83,10 +83,12 @@ func (w *brokerWatch) opts() []kpar.ConsumerOpt {
 	return []kpar.ConsumerOpt{kpar.WithHooks(w), kpar.ClientOptions(w.clientOpt())}
 }
 
-// OnNewClient implements kgo.HookNewClient: the client of the group, for
-// describing it (not the check's, nor a producer's).
+// OnNewClient implements kgo.HookNewClient: the client of the group or
+// share group, for describing it (not the check's, nor a producer's).
 func (w *brokerWatch) OnNewClient(cl *kgo.Client) {
-	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
+	g, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	share, _ := cl.OptValue(kgo.ShareGroup).(string)
+	if g != "" || share != "" {
 		w.cl.Store(cl)
 	}
 }

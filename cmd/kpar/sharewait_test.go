@@ -1,0 +1,106 @@
+package main
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestForwardExplainsAShareWaitForADeadMember: restarted after kill -9, a
+// share-group member gets the partitions the broker moves to it, while
+// those of the dead member, and their records, wait for its share session
+// (issue 35: 45 s of silence, /readyz 503, after a kill -9 in the fault
+// matrix). The log says so once nothing came for a while: which group, how
+// many records wait, the broker's bounds (kpar broker
+// --share-session-timeout 20s here, not the default 45s) and what shortens
+// the wait; then that records came again, sooner than the default session.
+func TestForwardExplainsAShareWaitForADeadMember(t *testing.T) {
+	t.Parallel()
+	bin, ctx := e2e(t, 2*time.Minute)
+	const session = 20 * time.Second
+	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "2", "--share-session-timeout", session.String())
+	produceIndexed(ctx, t, "sw", 10, 10, kgo.SeedBrokers(addr))
+	ep := newEndpoint(t, func(int, int) reply { return reply{} })
+	args := []string{"--brokers", addr, "--share-group", "sw-g", "--topic", "sw", "--url", ep.srv.URL}
+	p := startForward(ctx, t, bin, nil, args...)
+	ep.waitFor(ctx, t, p, "the first records delivered", func() bool { return ep.delivered() == 10 })
+	if code := p.stop(ctx, t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("exit code %d after SIGKILL, want death by signal", code)
+	}
+	// Records on both partitions: those of the dead member's wait.
+	cl := newClient(t, addr, kgo.DefaultProduceTopic("sw"))
+	for i := 10; i < 30; i++ {
+		r := &kgo.Record{Key: []byte("k" + strconv.Itoa(i)), Value: []byte(strconv.Itoa(i)), Headers: []kgo.RecordHeader{{Key: "source", Value: []byte("e2e")}}}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl.Close()
+
+	p = startForward(ctx, t, bin, nil, args...)
+	if !p.stderr.wait(ctx, "share group records delivered again", p.exited) {
+		t.Fatalf("no line saying records came again; stderr:\n%s", tail(p.stderr))
+	}
+	ep.waitFor(ctx, t, p, "every record delivered", func() bool { return ep.delivered() == 30 })
+	log := p.stderr.String()
+	note, again := strings.Index(log, "no records delivered while the share group has records waiting"), strings.Index(log, "share group records delivered again")
+	if note < 0 || note > again {
+		t.Fatalf("no note on the wait before records came again; stderr:\n%s", tail(p.stderr))
+	}
+	line, _, _ := strings.Cut(log[note:], "\n")
+	for _, want := range []string{"share_group=sw-g", "waiting_records=", "a member that stopped without leaving", "group.share.session.timeout.ms, 20s on this broker",
+		"kpar broker --share-session-timeout", "SIGTERM", "members="} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the note lacks %q: %s", want, line)
+		}
+	}
+	line, _, _ = strings.Cut(log[again:], "\n")
+	m := regexp.MustCompile(`waited=(\S+)`).FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("the line does not say how long it waited: %s", line)
+	}
+	// The wait ends with the session: well before the default 45s.
+	if waited, err := time.ParseDuration(m[1]); err != nil || waited >= 40*time.Second {
+		t.Errorf("waited %s (%v) with --share-session-timeout %v, want less than 40s", m[1], err, session)
+	}
+	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0; stderr:\n%s", code, tail(p.stderr))
+	}
+}
+
+// TestBrokerShareSessionFlags: --share-session-timeout and
+// --share-heartbeat-interval become the broker configs kfake reads, 45s
+// and 1s unless given; out-of-range values are refused with why.
+func TestBrokerShareSessionFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args               []string
+		session, heartbeat string // the configs; "" for a refusal
+		refusal            string
+	}{
+		{nil, "45000", "1000", ""},
+		{[]string{"--share-session-timeout", "5s", "--share-heartbeat-interval", "200ms"}, "5000", "200", ""},
+		{[]string{"--share-session-timeout", "500ms"}, "", "", "invalid --share-session-timeout 500ms: want 1s to 30m"},
+		{[]string{"--share-session-timeout", "2s", "--share-heartbeat-interval", "2s"}, "", "", "invalid --share-heartbeat-interval 2s: want 100ms or more, below --share-session-timeout (2s)"},
+	} {
+		var stderr strings.Builder
+		b, code, ok := parseBroker(tc.args, &stderr)
+		if tc.refusal != "" {
+			if ok || code != 2 || !strings.Contains(stderr.String(), tc.refusal) {
+				t.Errorf("%q: ok %v, exit code %d, stderr %q; want 2 and %q", tc.args, ok, code, stderr.String(), tc.refusal)
+			}
+			continue
+		}
+		if !ok {
+			t.Fatalf("%q refused: %s", tc.args, stderr.String())
+		}
+		m := b.share.configs(map[string]string{})
+		if m["group.share.session.timeout.ms"] != tc.session || m["group.share.heartbeat.interval.ms"] != tc.heartbeat {
+			t.Errorf("%q: configs %v, want session %s ms, heartbeat %s ms", tc.args, m, tc.session, tc.heartbeat)
+		}
+	}
+}
