@@ -2,7 +2,6 @@ package kpar
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -25,72 +24,19 @@ func TestShareGroupRecordsStayWithinMaxBufferedBytes(t *testing.T) {
 		bound = 512 << 10
 	)
 	c := newShareCluster(t, "shbytes", 4, 5*time.Second, nil)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for range n {
-		recs = append(recs, &kgo.Record{Topic: "shbytes", Value: make([]byte, size)})
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	cl.Close()
-
-	var (
-		mu              sync.Mutex
-		inFlight, most  int64 // bytes, as MaxBufferedBytes counts them
-		records, mostRs int
-		handled         atomic.Int64
-	)
-	done := make(chan struct{})
-	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error {
-		sz := recordSize(r)
-		mu.Lock()
-		inFlight += sz
-		records++
-		most, mostRs = max(most, inFlight), max(mostRs, records)
-		mu.Unlock()
-		time.Sleep(5 * time.Millisecond) // the handler's work: lets records pile up if admission allows
-		mu.Lock()
-		inFlight -= sz
-		records--
-		mu.Unlock()
-		if handled.Add(1) == n {
-			close(done)
-		}
-		return nil
-	})
-	cons, stop := runShare(t, c, "shbytes", h, Ordering(Unordered), Concurrency(256), MaxBufferedBytes(bound))
-	var acquired atomic.Int64 // the most records the member held acquired at once
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(time.Millisecond): // sampling, not waiting for anything
-			}
-			if st, ok := cons.ShareStats(); ok {
-				acquired.Store(max(acquired.Load(), int64(st.Acquired)))
-			}
-		}
-	}()
-	waitFor(t, done, 60*time.Second, "every record handled")
-	<-sampled
+	produceSized(t, c.ListenAddrs(), "shbytes", n, size)
+	h := newBytesInFlight(n)
+	_, stop := runShare(t, c, "shbytes", h, Ordering(Unordered), Concurrency(256), MaxBufferedBytes(bound))
+	waitFor(t, h.done, 60*time.Second, "every record handled")
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	one := int64(size) + recordOverhead
-	if most > bound+one {
+	if h.most > bound+one {
 		t.Errorf("%d records (%d bytes) handled at once with MaxBufferedBytes %d, want at most %d bytes (the bound plus one record)",
-			mostRs, most, bound, bound+one)
+			h.mostRecords, h.most, bound, bound+one)
 	}
-	t.Logf("at most %d records (%d bytes) handled at once, %d records acquired", mostRs, most, acquired.Load())
+	t.Logf("at most %d records (%d bytes) handled at once", h.mostRecords, h.most)
 }
 
 // TestShareShutdownReleasesRecordsWaitingForMaxBufferedBytes, in virtual
