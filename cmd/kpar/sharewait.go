@@ -20,76 +20,111 @@ import (
 // restarted member got nothing for that long while /readyz said 503 and
 // the log said nothing. shareWait says so, as joinWait does for a group's
 // join: once the member has received nothing for joinNote while it holds
-// nothing and the group has records waiting, then every joinReport, and
-// when records come again.
+// nothing and the group has records waiting that nobody takes, then every
+// joinReport, and when records come again.
 
 // shareWatch are the share consumer's figures shareWait follows.
 type shareWatch func() (kpar.ShareStats, bool)
 
-// watchShare runs shareWait beside Consumer.Run until stop, which waits
+// watchShare runs a shareWait beside Consumer.Run until stop, which waits
 // for it.
 func (w *brokerWatch) watchShare(ctx context.Context, group string, stats shareWatch) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	sw := &shareWait{w: w, group: group, stats: stats,
+		backlog: func(ctx context.Context) (shareBacklog, bool) { return w.shareBacklog(ctx, group) }}
 	go func() {
 		defer close(done)
-		w.shareWait(ctx, group, stats, time.Second)
+		sw.run(ctx)
 	}()
 	return func() { cancel(); <-done }
 }
 
-// shareWait samples stats every tick until ctx ends.
-func (w *brokerWatch) shareWait(ctx context.Context, group string, stats shareWatch, tick time.Duration) {
-	t := time.NewTicker(tick)
+// shareWait follows a share-group member's records. It looks at the
+// group's backlog twice before it says anything, halfway through joinNote
+// and at its end: records waiting that other members take (fewer the
+// second time) are not a wait for a dead member. Owned by its goroutine.
+type shareWait struct {
+	w       *brokerWatch
+	group   string
+	stats   shareWatch
+	backlog func(context.Context) (shareBacklog, bool)
+
+	received    int64     // ShareStats.Received at the last sample; -1 before the first
+	since, next time.Time // since: records last moved; next: the next report
+	looked      int64     // the records waiting at the last look; -1 for none since
+	noted       bool
+}
+
+// run samples every second until ctx ends.
+func (s *shareWait) run(ctx context.Context) {
+	s.received, s.looked = -1, -1
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	received := int64(-1)
-	var since, next time.Time // since: the last record received; next: the next report
-	noted := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-		}
-		st, running := stats()
-		if !running {
-			continue
-		}
-		now := time.Now()
-		if st.Received != received || st.Acquired > 0 { // records came, or are held: no wait
-			if noted && st.Received != received {
-				w.log.Info(w.what+": share group records delivered again", "share_group", group, "waited", now.Sub(since).Round(time.Second))
-			}
-			received, since, noted = st.Received, now, false
-			continue
-		}
-		if (!noted && now.Sub(since) < joinNote) || (noted && now.Before(next)) {
-			continue
-		}
-		if _, bad := w.unreachable(); bad { // the broker warnings say why
-			continue
-		}
-		b, ok := w.shareBacklog(ctx, group)
-		switch {
-		case !ok:
-		case b.waiting == 0 && noted:
-			w.log.Info(w.what+": no records wait in the share group any more (other members took them)", "share_group", group, "waited", now.Sub(since).Round(time.Second))
-			since, noted = now, false
-		case b.waiting == 0:
-		case !noted:
-			w.log.Warn(w.what+": no records delivered while the share group has records waiting: it is likely waiting for a member that stopped without leaving (kill -9, a crash, an OOM kill), whose share partitions stay assigned to it until its share session expires, and the records it acquired locked until then or until their locks expire; or other members take every record",
-				"share_group", group, "waited", now.Sub(since).Round(time.Second), "waiting_records", b.waiting,
-				"at_most", b.atMost(),
-				"shorter_next_time", "stop members with SIGTERM (a member that leaves gives back its partitions and releases its records at once), or a shorter share session timeout: group.share.session.timeout.ms on the brokers or share.session.timeout.ms on the group (kpar broker --share-session-timeout)",
-				"members", b.members)
-			noted = true
-			next = now.Add(joinReport)
-		default:
-			w.log.Warn(w.what+": still no records delivered while the share group has records waiting",
-				"share_group", group, "waited", now.Sub(since).Round(time.Second), "waiting_records", b.waiting, "members", b.members)
-			next = now.Add(joinReport)
+		case now := <-t.C:
+			s.sample(ctx, now)
 		}
 	}
+}
+
+func (s *shareWait) sample(ctx context.Context, now time.Time) {
+	st, running := s.stats()
+	if !running {
+		return
+	}
+	if st.Received != s.received || st.Acquired > 0 { // records came, or are held: no wait
+		if s.noted && st.Received != s.received {
+			s.w.log.Info(s.w.what+": share group records delivered again", "share_group", s.group, "waited", now.Sub(s.since).Round(time.Second))
+		}
+		s.moved(now)
+		s.received = st.Received
+		return
+	}
+	waited := now.Sub(s.since)
+	look := !s.noted && (waited >= joinNote || (s.looked < 0 && waited >= joinNote/2)) || s.noted && !now.Before(s.next)
+	if !look {
+		return
+	}
+	if _, bad := s.w.unreachable(); bad { // the broker warnings say why
+		return
+	}
+	b, ok := s.backlog(ctx)
+	if !ok {
+		return
+	}
+	before := s.looked
+	s.looked = b.waiting
+	if b.waiting == 0 || (before >= 0 && b.waiting < before) { // nothing waits, or others take it
+		if s.noted {
+			s.w.log.Info(s.w.what+": the share group's waiting records go to other members now", "share_group", s.group, "waiting_records", b.waiting)
+		}
+		s.moved(now)
+		return
+	}
+	switch {
+	case !s.noted && waited < joinNote: // the first look
+		return
+	case !s.noted:
+		s.w.log.Warn(s.w.what+": no records delivered while the share group has records waiting: it is likely waiting for a member that stopped without leaving (kill -9, a crash, an OOM kill), whose share partitions stay assigned to it until its share session expires, and the records it acquired locked until then or until their locks expire; or other members hold every record",
+			"share_group", s.group, "waited", waited.Round(time.Second), "waiting_records", b.waiting,
+			"at_most", b.atMost(),
+			"shorter_next_time", "stop members with SIGTERM (a member that leaves gives back its partitions and releases its records at once), or a shorter share session timeout: group.share.session.timeout.ms on the brokers or share.session.timeout.ms on the group (kpar broker --share-session-timeout)",
+			"members", b.members)
+		s.noted = true
+	default:
+		s.w.log.Warn(s.w.what+": still no records delivered while the share group has records waiting",
+			"share_group", s.group, "waited", waited.Round(time.Second), "waiting_records", b.waiting, "members", b.members)
+	}
+	s.next = now.Add(joinReport)
+}
+
+// moved starts the wait afresh at now.
+func (s *shareWait) moved(now time.Time) {
+	s.since, s.noted, s.looked = now, false, -1
 }
 
 // shareBacklog is what a share group has waiting and who holds it.

@@ -1,14 +1,20 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kpar/kpar"
 )
 
 // TestForwardExplainsAShareWaitForADeadMember: restarted after kill -9, a
@@ -102,5 +108,57 @@ func TestBrokerShareSessionFlags(t *testing.T) {
 		if m["group.share.session.timeout.ms"] != tc.session || m["group.share.heartbeat.interval.ms"] != tc.heartbeat {
 			t.Errorf("%q: configs %v, want session %s ms, heartbeat %s ms", tc.args, m, tc.session, tc.heartbeat)
 		}
+	}
+}
+
+// TestShareWaitSpeaksOnlyWhileRecordsWaitForNobody, in virtual time: a
+// member that receives nothing while the group's records wait, untaken, is
+// told why at joinNote and again every joinReport, and that records came
+// again when they do; while other members take the waiting records (fewer
+// at each look), or none wait, it says nothing.
+func TestShareWaitSpeaksOnlyWhileRecordsWaitForNobody(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		waiting func(look int) int64 // the group's backlog at the look-th look (from 0)
+		want    []string
+	}{
+		{"records held by a dead member", func(int) int64 { return 10 }, []string{
+			"WARN kpar forward: no records delivered while the share group has records waiting: it is likely waiting for a member that stopped without leaving (kill -9, a crash, an OOM kill), whose share partitions stay assigned to it until its share session expires, and the records it acquired locked until then or until their locks expire; or other members hold every record",
+			"WARN kpar forward: still no records delivered while the share group has records waiting", // at 23s
+			"WARN kpar forward: still no records delivered while the share group has records waiting", // at 38s
+			"INFO kpar forward: share group records delivered again",                                  // at 45s
+		}},
+		{"records other members take", func(look int) int64 { return int64(1000 - look) }, nil},
+		{"records held, then taken by other members", func(look int) int64 { return map[bool]int64{true: 10, false: 5}[look < 3] }, []string{
+			"WARN kpar forward: no records delivered while the share group has records waiting: it is likely waiting for a member that stopped without leaving (kill -9, a crash, an OOM kill), whose share partitions stay assigned to it until its share session expires, and the records it acquired locked until then or until their locks expire; or other members hold every record",
+			"WARN kpar forward: still no records delivered while the share group has records waiting", // at 24s
+			"INFO kpar forward: the share group's waiting records go to other members now",            // at 39s
+		}},
+		{"no records waiting", func(int) int64 { return 0 }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				logs := &lineLog{}
+				var received atomic.Int64
+				looks := 0
+				s := &shareWait{w: newBrokerWatch(slog.New(logs), "kpar forward"), group: "sg",
+					stats: func() (kpar.ShareStats, bool) { return kpar.ShareStats{Received: received.Load()}, true },
+					backlog: func(context.Context) (shareBacklog, bool) {
+						looks++
+						return shareBacklog{waiting: tc.waiting(looks - 1)}, true
+					}}
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan struct{})
+				go func() { defer close(done); s.run(ctx) }()
+				time.Sleep(45*time.Second + time.Millisecond) // the first sample at 1s starts the wait
+				received.Store(1)
+				time.Sleep(time.Second)
+				cancel()
+				<-done
+				if got := logs.lines(); strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+					t.Errorf("logged:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+				}
+			})
+		})
 	}
 }
