@@ -23,12 +23,12 @@ import (
 // (issue 35: 45 s of silence, /readyz 503, after a kill -9 in the fault
 // matrix). The log says so once nothing came for a while: which group, how
 // many records wait, the broker's bounds (kpar broker
-// --share-session-timeout 20s here, not the default 45s) and what shortens
+// --share-session-timeout 25s here, not the default 45s) and what shortens
 // the wait; then that records came again, sooner than the default session.
 func TestForwardExplainsAShareWaitForADeadMember(t *testing.T) {
 	t.Parallel()
 	bin, ctx := e2e(t, 2*time.Minute)
-	const session = 20 * time.Second
+	const session = 25 * time.Second
 	_, addr := startBrokerProcess(ctx, t, bin, "--listen", "127.0.0.1:0", "--partitions", "2", "--share-session-timeout", session.String())
 	produceIndexed(ctx, t, "sw", 10, 10, kgo.SeedBrokers(addr))
 	ep := newEndpoint(t, func(int, int) reply { return reply{} })
@@ -59,7 +59,7 @@ func TestForwardExplainsAShareWaitForADeadMember(t *testing.T) {
 		t.Fatalf("no note on the wait before records came again; stderr:\n%s", tail(p.stderr))
 	}
 	line, _, _ := strings.Cut(log[note:], "\n")
-	for _, want := range []string{"share_group=sw-g", "waiting_records=", "a member that stopped without leaving", "group.share.session.timeout.ms, 20s on this broker",
+	for _, want := range []string{"share_group=sw-g", "waiting_records=", "a member that stopped without leaving", "group.share.session.timeout.ms, " + session.String() + " on this broker",
 		"kpar broker --share-session-timeout", "SIGTERM", "members="} {
 		if !strings.Contains(line, want) {
 			t.Errorf("the note lacks %q: %s", want, line)
