@@ -100,11 +100,8 @@ type stallWatch struct {
 	// error; nil when a record finished since. The member is not ready
 	// while it is set: records are held until an operator fixes it.
 	refused atomic.Pointer[refusal]
-	// answers is when the brokers last answered, and the first failure to
-	// reach one since (brokers.go): readiness through an outage of a
-	// running member. brokers (brokerwatch.go) logs unreachable brokers
-	// and refuses readiness while every address it tried fails.
-	answers brokerAnswers
+	// brokers (brokerwatch.go) logs unreachable brokers and says when
+	// they make the member not ready.
 	brokers *brokerWatch                // nil for none
 	cl      atomic.Pointer[groupClient] // the Consumer's client, for lag
 
@@ -316,9 +313,6 @@ func (p *stallWatch) ready(base func() (bool, string)) (bool, string) {
 	if r := p.refused.Load(); r != nil {
 		return false, fmt.Sprintf("the downstream refuses every attempt for a configuration error since %v ago, records are held until it is fixed: %s",
 			time.Since(r.since).Round(time.Second), excerpt(r.err))
-	}
-	if unreachable, why := p.answers.unreachable(time.Now()); unreachable {
-		return false, why
 	}
 	p.mu.Lock()
 	st := p.st
