@@ -426,7 +426,7 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record, dec *Decoded) *htt
 	mark()
 	buf = strconv.AppendInt(buf, r.Offset, 10)
 	mark()
-	buf = r.Timestamp.UTC().AppendFormat(buf, TimestampLayout)
+	buf = appendTimestamp(buf, r.Timestamp)
 	mark()
 	if r.Key != nil {
 		buf = base64.StdEncoding.AppendEncode(buf, r.Key)
@@ -477,7 +477,7 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record, dec *Decoded) *htt
 
 	// One backing array for the one-value headers; a repeated record
 	// header appends past its cap and gets its own.
-	vals := make([]string, 0, 9+nh)
+	vals := make([]string, 0, 10+nh)
 	set := func(k, v string) {
 		vals = append(vals, v)
 		hd[k] = vals[len(vals)-1 : len(vals) : len(vals)]
@@ -485,7 +485,7 @@ func (h *Handler) request(ctx context.Context, r *kgo.Record, dec *Decoded) *htt
 	// The names are already in canonical form, so setting the map directly
 	// skips net/http's canonicalisation and keeps record header names as
 	// they are on an HTTP/1.1 wire.
-	hd[HeaderTopic] = []string{r.Topic}
+	set(HeaderTopic, r.Topic)
 	set(HeaderPartition, at(0))
 	set(HeaderOffset, at(1))
 	set(HeaderTimestamp, at(2))
