@@ -158,6 +158,7 @@ func (e *engine) place(ps *partState, recs []*kgo.Record, meta []recMeta, fetche
 		recs, meta = recs[room:], meta[room:]
 	}
 	ps.held.push(recs, meta)
+	e.enterWhileIdle(ps)
 	ps.fetched = fetched
 	// Keep records fetched ahead, so a draining window refills without
 	// waiting for a fetch; pause beyond heldCap.

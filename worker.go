@@ -490,6 +490,7 @@ func (e *engine) refill(ps *partState) {
 		if room := e.cfg.windowRecords - ps.win.Len(); room > 0 && (room >= max(1, e.cfg.windowRecords/4) || room >= held || ps.win.Pending() <= room) {
 			readyBefore := e.ready.Len()
 			ps.held.take(min(room, held), func(recs []*kgo.Record, meta []recMeta) { e.enterRecords(ps, recs, meta) })
+			e.enterWhileIdle(ps)
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}

@@ -75,7 +75,6 @@ func TestFaultMatrix(t *testing.T) {
 var fmKnownFailures = map[string]string{
 	"broker-restart/group-classic/exactly-once":  "a SIGKILL of kpar broker --data-dir costs hundreds of duplicates and repeats replies or leaves a transaction open for good (kfake saves transaction state only on a clean stop, as it does share groups; not yet proven the cause)",
 	"broker-restart/group-consumer/exactly-once": "as broker-restart/group-classic/exactly-once",
-	"kill-9/group-consumer/at-least-once":        "/readyz stays 200 while the restarted member waits for the dead member's partitions: readiness does not see partitions nobody owns (issue 35, item 8)",
 }
 
 const (

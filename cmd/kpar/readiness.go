@@ -110,6 +110,10 @@ type stallWatch struct {
 
 	mu sync.Mutex // guards st
 	st stallState
+
+	// orphans sees records waiting on partitions this member does not
+	// own (readiness_orphans.go).
+	orphans orphanWatch
 }
 
 var (
@@ -240,10 +244,13 @@ type work struct {
 	// lag is the records not fetched yet for the assigned partitions in
 	// stats (a share group: the group's), false when unknown.
 	lag func(ctx context.Context, stats []kpar.PartitionStats) (int64, bool)
+	// unowned lists the consumed partitions not in owned, nil for none
+	// (readiness_orphans.go).
+	unowned func(ctx context.Context, owned []kpar.PartitionStats) ([]unownedPart, bool)
 }
 
 func (p *stallWatch) consumerWork(c *kpar.Consumer) work {
-	return work{partitions: c.Partitions, share: c.ShareStats, lag: p.lag}
+	return work{partitions: c.Partitions, share: c.ShareStats, lag: p.lag, unowned: p.unowned}
 }
 
 // run samples progress and work every sampleInterval until ctx ends.
@@ -281,6 +288,7 @@ func (p *stallWatch) run(ctx context.Context, w work) {
 			}
 			waiting, what = lag, "not fetched yet"
 		}
+		p.orphans.check(ctx, now, p.grace, stats, w.unowned)
 
 		p.mu.Lock()
 		if moved {
@@ -318,11 +326,11 @@ func (p *stallWatch) ready(base func() (bool, string)) (bool, string) {
 	st := p.st
 	p.mu.Unlock()
 	if !st.sampled || st.waiting == 0 {
-		return ok, why
+		return p.orphansReady(ok, why)
 	}
 	stalled := time.Since(st.since)
 	if stalled < p.grace {
-		return ok, why
+		return p.orphansReady(ok, why)
 	}
 	var b strings.Builder
 	records := "records"
