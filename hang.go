@@ -194,11 +194,11 @@ func (e *engine) hung(it *item, x *extra, err error, timedOut bool, backoff time
 		e.hangs.downAt = now
 		return false, 0
 	}
-	if !e.hangs.answeredOver(x) && e.hangs.weakOutage(x, now, now.Add(backoff+2*e.cfg.attemptTimeout)) {
-		e.hangs.downAt = now // several records hang, none answered since: an outage
-	}
 	if e.cfg.hangLimit <= 0 || e.cfg.deadLetters == nil || x.class == deadletter.ClassPermanent {
 		return false, 0
+	}
+	if !e.hangs.answeredOver(x) && e.hangs.weakOutage(x, now, now.Add(backoff+2*e.cfg.attemptTimeout)) {
+		e.hangs.downAt = now // several records hang, none answered since: an outage
 	}
 	if e.hangs.downAt.After(answered) {
 		// The downstream looks down: others fail too. An attempt during
