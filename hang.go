@@ -68,7 +68,12 @@ import (
 // Left: an outage met by one or two records that can run (one or two
 // partitions, Concurrency below 3) dead-letters them after HangLimit, and
 // three or more records that hang and come due together, with nothing
-// answered around them, are held until another record succeeds.
+// answered around them, are held until another record succeeds. Starts
+// are read at dispatch (a fast worker's chain of records shares one), so
+// a record dispatched just before the last answer may count as answered
+// over: the weak suspects may then fall short of three, and they go after
+// HangLimit as before this count. A handler that takes milliseconds, as a
+// request does, is answered in dispatch order, and does not blur it.
 
 // defaultHangLimit is HangLimit's default.
 const defaultHangLimit = 2 * time.Minute
