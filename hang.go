@@ -72,8 +72,9 @@ import (
 // are read at dispatch (a fast worker's chain of records shares one), so
 // a record dispatched just before the last answer may count as answered
 // over: the weak suspects may then fall short of three, and they go after
-// HangLimit as before this count. A handler that takes milliseconds, as a
-// request does, is answered in dispatch order, and does not blur it.
+// HangLimit as before this count. Requests, which take milliseconds, are
+// seldom answered out of the order they were sent in: this is mostly a
+// matter of handlers that take microseconds.
 
 // defaultHangLimit is HangLimit's default.
 const defaultHangLimit = 2 * time.Minute
@@ -108,10 +109,12 @@ type hangWatch struct {
 	succeeded  int64     // handled records at the last sample
 	answered   time.Time // when the watchdog last saw one more handled record
 	downAt     time.Time // the latest failure that says the downstream is down
-	// lastStart is the start of the latest-starting attempt that
-	// succeeded (a run's records count from the run's start): a suspect
-	// whose hang began before it was answered over.
-	lastStart time.Time
+	// lastStart is the start (since epoch) of the latest-starting
+	// attempt that succeeded, once one did (started): a suspect whose hang
+	// began before it was answered over. A run's records count from the
+	// run's start.
+	lastStart time.Duration
+	started   bool
 	// weak holds the weak suspects seen lately, each with when its
 	// entry lapses (the end of its next attempt, if it keeps hanging).
 	weak map[*extra]time.Time
@@ -122,17 +125,18 @@ type hangWatch struct {
 const outageHangs = 3
 
 // answer notes a successful attempt that began at started (since
-// epoch). Called with mu held, by finish.
+// epoch; a compare per success, no clock reading). Called with mu held,
+// by finish.
 func (h *hangWatch) answer(started time.Duration) {
-	if s := epoch.Add(started); s.After(h.lastStart) {
-		h.lastStart = s
+	if started > h.lastStart || !h.started {
+		h.lastStart, h.started = started, true
 	}
 }
 
-// answeredOver reports whether a record whose attempt began after since
-// succeeded, and remembers it in x.
+// answeredOver reports whether a record whose attempt began after x's
+// streak began succeeded, and remembers it in x.
 func (h *hangWatch) answeredOver(x *extra) bool {
-	if !x.hang.answeredOver && !x.hang.since.IsZero() && h.lastStart.After(x.hang.since) {
+	if !x.hang.answeredOver && h.started && !x.hang.since.IsZero() && h.lastStart > x.hang.since.Sub(epoch) {
 		x.hang.answeredOver = true
 	}
 	return x.hang.answeredOver
