@@ -432,6 +432,7 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 	switch {
 	case ps.status == dropped:
 	case err == nil:
+		e.hangs.answer(t.Value.started)
 		next = e.complete(t)
 	case ps.status == revoking:
 		// Not retried here: the record stays unfinished, so the revoke
