@@ -9,7 +9,7 @@ import (
 
 // Admission: how delivered records enter the pipeline, whatever their
 // source. A record is prepared outside the lock (prepare), accepted into
-// its partition's window (accept, enter), or held outside a full window
+// its partition's window (acceptWithin, enter), or held outside a full window
 // (held.go) until room frees; what buffered records weigh is bounded by
 // MaxBufferedBytes (acceptWithin, admitOver, waitForBytes,
 // pauseOverShare), and pausing a
@@ -61,28 +61,27 @@ func recordSize(r *kgo.Record) int64 {
 	return int64(n)
 }
 
-// accept puts one partition's prepared records (recs, with meta from
-// prepare) into its window and the scheduler, all of them: the share
-// source, whose partitions cannot be paused, delivers through it. The
-// others deliver through acceptWithin. fetched is the size of the fetch
-// they came in, the unit of heldCap. Called with mu held.
-func (e *engine) accept(ps *partState, recs []*kgo.Record, meta []recMeta, fetched int) {
-	for i := range meta {
-		e.buf.Admit(&ps.buf, meta[i].size)
-	}
-	e.place(ps, recs, meta, fetched)
-}
-
-// acceptWithin is accept within MaxBufferedBytes: records are admitted
-// while the budget admits them (buffer.Total.Admits: below the bound, so
-// it is exceeded by one record at most, and a record larger than it is
-// admitted alone), and those it has no room for wait in ps.over, not
-// counted and handed to nobody, the partition paused, until bytes free
-// (admitOver). A fetch can be several times the bound (a broker returns a
-// partition's first batch whatever its size, and a poll takes every
-// buffered fetch), so admitting whole polls did not bound anything.
-// Called with mu held.
+// acceptWithin puts one partition's prepared records (recs, with meta
+// from prepare) into its window and the scheduler within MaxBufferedBytes:
+// records are admitted while the budget admits them (buffer.Total.Admits:
+// below the bound, so it is exceeded by one record at most, and a record
+// larger than it is admitted alone), and those it has no room for wait in
+// ps.over, not counted and handed to nobody, the partition paused (a share
+// group's poller instead waits for them), until bytes free (admitOver). A
+// fetch can be several times the bound (a broker returns a partition's
+// first batch whatever its size, and a poll takes every buffered fetch),
+// so admitting whole polls did not bound anything. fetched is the size of
+// the fetch they came in, the unit of heldCap. Called with mu held.
 func (e *engine) acceptWithin(ps *partState, recs []*kgo.Record, meta []recMeta, fetched int) {
+	if ps.status == withdrawing {
+		// A share poll that ended as the member stopped: its records are
+		// withdrawn at their turn (withdraw.go), their budget with them.
+		for i := range meta {
+			e.buf.Admit(&ps.buf, meta[i].size)
+		}
+		e.place(ps, recs, meta, fetched)
+		return
+	}
 	if ps.over.Len() > 0 {
 		ps.over.push(recs, meta) // fetched before its pause took effect: after those waiting
 		return
@@ -159,6 +158,7 @@ func (e *engine) place(ps *partState, recs []*kgo.Record, meta []recMeta, fetche
 		recs, meta = recs[room:], meta[room:]
 	}
 	ps.held.push(recs, meta)
+	e.enterWhileIdle(ps)
 	ps.fetched = fetched
 	// Keep records fetched ahead, so a draining window refills without
 	// waiting for a fetch; pause beyond heldCap.

@@ -30,14 +30,7 @@ import (
 // KPAR_CONFORMANCE_KNOWN=1: then it runs, and is expected to fail; one
 // that passes fails, asking for its entry to be deleted. Delete an entry
 // when its source moves onto the pipeline that gets the rule right.
-var knownFailures = map[string]string{
-	"hanging-outage/group-partition": hangingOutageLimit,
-	"hanging-outage/share-key":       hangingOutageLimit,
-	"hanging-outage/share-unordered": hangingOutageLimit,
-}
-
-// hangingOutageLimit is why the hang policy fails some outage cells.
-const hangingOutageLimit = "the records in flight when a downstream stops answering anything are, in partition order (every partition's head) and in a share group (the acquired batch), the only ones kpar holds: it cannot tell the outage from records that hang it, and dead-letters those still hanging after HangLimit (docs/operations.md, \"A record that hangs the endpoint\")"
+var knownFailures = map[string]string{}
 
 // acceptedRefusals are the cells, keyed "row/source", where the source
 // may refuse the row's options at start with an error (New's or

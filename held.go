@@ -77,3 +77,22 @@ func (q *heldQueue) count(ok func(*recMeta) bool) int {
 
 // reset forgets every held record.
 func (q *heldQueue) reset() { *q = heldQueue{} }
+
+// enterWhileIdle moves held records into ps's window for as long as the
+// window holds nothing unfinished. Records the commit metadata (or work
+// kept from a lost assignment: partState.skip) says were finished enter
+// the window done, without running; when every record that entered was
+// one, nothing of ps runs, so no completion calls refill, and the held
+// records would wait for good. (Issue 35: after a broker restart took the
+// partitions away and gave them back, the first window of a partition was
+// work finished before the loss and the rest of its fetch stayed held.)
+// Called with mu held, after records entered the window.
+func (e *engine) enterWhileIdle(ps *partState) {
+	for ps.status == live && ps.held.Len() > 0 && ps.win.Pending() == 0 {
+		room := e.cfg.windowRecords - ps.win.Len()
+		if room <= 0 {
+			return
+		}
+		ps.held.take(min(room, ps.held.Len()), func(recs []*kgo.Record, meta []recMeta) { e.enterRecords(ps, recs, meta) })
+	}
+}

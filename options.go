@@ -326,8 +326,10 @@ func WindowRecords(n int) FlowOpt { return flowOpt(func(c *cfg) { c.windowRecord
 // reached, the partitions holding more than their share are paused (until
 // they hold half their share). The client's fetch sizes are derived from it
 // (see ClientOptions). Records waiting on a retry timer are not counted:
-// each partition's window bounds them. The share group source
-// (ShareGroup) admits whole fetches.
+// each partition's window bounds them. A share group member (ShareGroup)
+// admits records the same way; those it has no room for stay acquired,
+// their locks renewed, and it fetches again only once every record of its
+// last fetch is acknowledged: it holds the bound plus one fetch at most.
 func MaxBufferedBytes(n int64) FlowOpt { return flowOpt(func(c *cfg) { c.maxBytes = n }) }
 
 // defaultCommitInterval is CommitInterval's default; see CommitInterval.

@@ -95,9 +95,12 @@ func (s *shareSource) clientOpts(admin bool) []kgo.Opt {
 	c := s.cfg
 	opts := []kgo.Opt{
 		kgo.WithLogger(kgoLogger{L: c.logger}),
-		kgo.FetchMaxBytes(int32(max(min(c.maxBytes/4, 50<<20), 1<<20))),
 	}
-	opts = append(opts, c.clientOpts...)
+	// A group's fetch sizes (fetchsize.go): a broker that honours them
+	// (Kafka does, kfake does not) bounds the acquired records waiting
+	// for MaxBufferedBytes to about one fetch.
+	_, _, sizes := fetchSizing(c.maxBytes)
+	opts = append(append(opts, sizes...), c.clientOpts...)
 	if len(c.brokers) > 0 {
 		opts = append(opts, kgo.SeedBrokers(c.brokers...))
 	}
@@ -185,7 +188,7 @@ func (s *shareSource) deliver(ctx context.Context) error {
 }
 
 // admit holds the records of one poll and hands them to the pipeline, a
-// partition at a time.
+// partition at a time, as far as MaxBufferedBytes admits them.
 func (s *shareSource) admit(fs kgo.Fetches) {
 	now := time.Now()
 	limit := s.limit.Load()
@@ -229,7 +232,10 @@ func (s *shareSource) admit(fs kgo.Fetches) {
 		}
 		meta := e.prepare(p.Records)
 		e.mu.Lock()
-		e.accept(s.part(p.Topic, p.Partition), p.Records, meta, len(p.Records))
+		// Within MaxBufferedBytes: what it has no room for waits,
+		// acquired and its lock renewed, until bytes free; the next poll
+		// waits for every record of this one.
+		e.acceptWithin(s.part(p.Topic, p.Partition), p.Records, meta, len(p.Records))
 		e.mu.Unlock()
 	})
 }
@@ -295,7 +301,8 @@ func (s *shareSource) ack(rs []*kgo.Record, status kgo.AckStatus) {
 func (s *shareSource) settleEvery() time.Duration { return 0 }
 
 // pause does nothing: the poller takes no more than one poll's records,
-// whatever the windows hold.
+// whatever the windows and MaxBufferedBytes hold; those they have no room
+// for wait, acquired, until they have.
 func (s *shareSource) pause(*partState, bool) {}
 
 // keepAtShutdown reports whether r is on its last delivery, which a

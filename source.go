@@ -38,7 +38,7 @@ type source interface {
 	// open connects, before any record or goroutine of the pipeline. An
 	// error ends Run (or Backfill) at once.
 	open(ctx context.Context) error
-	// deliver feeds records into the pipeline (engine.accept) until ctx
+	// deliver feeds records into the pipeline (engine.acceptWithin) until ctx
 	// ends, the source has nothing more to deliver (a range is done), or
 	// on a fatal error, which it returns.
 	deliver(ctx context.Context) error

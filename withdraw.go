@@ -59,8 +59,9 @@ func (e *engine) withdrawAll() {
 	e.wake(e.ready.Len())
 }
 
-// withdrawHeld withdraws the records ps holds outside its window, but
-// those the source keeps, which stay held. Called with mu held.
+// withdrawHeld withdraws the records ps holds outside its window (in a
+// full window's wait, or MaxBufferedBytes'), but those the source keeps,
+// which stay held. Called with mu held.
 func (e *engine) withdrawHeld(ps *partState) {
 	var kept heldQueue
 	var size int64
@@ -79,6 +80,30 @@ func (e *engine) withdrawHeld(ps *partState) {
 	ps.held = kept
 	if n > 0 {
 		e.releaseRecords(ps, size, n)
+	}
+	// Records waiting for MaxBufferedBytes were never admitted: released
+	// without returning budget, or, those the source keeps, admitted now.
+	var keptRecs []*kgo.Record
+	var keptMeta []recMeta
+	released := 0
+	ps.over.take(ps.over.Len(), func(recs []*kgo.Record, meta []recMeta) {
+		for i, r := range recs {
+			if e.keep(r) {
+				e.buf.Admit(&ps.buf, meta[i].size)
+				keptRecs, keptMeta = append(keptRecs, r), append(keptMeta, meta[i])
+				continue
+			}
+			e.outcomes.Released(r)
+			released++
+		}
+	})
+	if ps.buf.SetOver(false) {
+		e.syncPause(ps)
+	}
+	if len(keptRecs) > 0 {
+		e.place(ps, keptRecs, keptMeta, ps.fetched)
+	}
+	if n+released > 0 {
 		e.askCommit()
 	}
 }

@@ -432,6 +432,7 @@ func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration
 	switch {
 	case ps.status == dropped:
 	case err == nil:
+		e.hangs.answer(t.Value.started)
 		next = e.complete(t)
 	case ps.status == revoking:
 		// Not retried here: the record stays unfinished, so the revoke
@@ -490,6 +491,7 @@ func (e *engine) refill(ps *partState) {
 		if room := e.cfg.windowRecords - ps.win.Len(); room > 0 && (room >= max(1, e.cfg.windowRecords/4) || room >= held || ps.win.Pending() <= room) {
 			readyBefore := e.ready.Len()
 			ps.held.take(min(room, held), func(recs []*kgo.Record, meta []recMeta) { e.enterRecords(ps, recs, meta) })
+			e.enterWhileIdle(ps)
 			e.wake(e.ready.Len() - readyBefore)
 		}
 	}

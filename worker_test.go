@@ -38,7 +38,7 @@ func TestWorkerChainsNoRecordAfterStop(t *testing.T) {
 		recs[i] = &kgo.Record{Topic: "t", Offset: int64(i)}
 	}
 	e.mu.Lock()
-	e.accept(ps, recs, e.prepare(recs), len(recs))
+	e.acceptWithin(ps, recs, e.prepare(recs), len(recs))
 	taken := e.take(nil)
 	if len(taken) != 1 {
 		t.Fatalf("took %d records, want the lane's first", len(taken))

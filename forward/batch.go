@@ -254,7 +254,7 @@ func appendBatch(b []byte, rs []*kgo.Record, decs []*Decoded, contentType string
 		b = append(b, `,"offset":`...)
 		b = strconv.AppendInt(b, r.Offset, 10)
 		b = append(b, `,"timestamp":"`...)
-		b = r.Timestamp.UTC().AppendFormat(b, TimestampLayout)
+		b = appendTimestamp(b, r.Timestamp)
 		b = append(b, `","key":`...)
 		b = appendBase64OrNull(b, r.Key)
 		b = append(b, `,"value":`...)

@@ -57,7 +57,11 @@ func EncodeReplies(e ReplyEncoder) Opt { return opt(func(c *cfg) { c.replyEncode
 // Decoder's; nil when there is neither (the value is sent as it is).
 func (h *Handler) decode(ctx context.Context, r *kgo.Record) (*Decoded, error) {
 	if d, ok := decodedFrom(ctx, r); ok {
-		return &d, nil
+		// A copy taken here: &d would move d to the heap on every call,
+		// a record without a decoded form included.
+		p := new(Decoded)
+		*p = d
+		return p, nil
 	}
 	if h.decoder == nil {
 		return nil, nil

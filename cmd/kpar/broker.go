@@ -75,10 +75,12 @@ address until SIGINT or SIGTERM. Topics are created on first use. Without
 topics, records and committed group offsets survive a restart, also after a
 kill -9 (not a power loss: nothing is fsynced per write). Share groups
 (KIP-932) work too: a consumer's acquisition lock lasts --share-lock-duration
-and the broker archives a record after --share-delivery-limit deliveries. As
-in Kafka, a share group starts at the newest record unless the group's
-share.auto.offset.reset is earliest; kpar forward --share-group sets that on
-a group that has none. Consumer groups of the consumer protocol (KIP-848,
+and the broker archives a record after --share-delivery-limit deliveries. A
+member that stops without leaving (kill -9) keeps its partitions until its
+share session expires (--share-session-timeout), and the records it acquired
+until then or until their locks expire. As in Kafka, a share group starts at
+the newest record unless the group's share.auto.offset.reset is earliest;
+kpar forward --share-group sets that on a group that has none. Consumer groups of the consumer protocol (KIP-848,
 kpar forward --group-protocol consumer) get their session timeout and
 heartbeat interval from the broker: --consumer-session-timeout and
 --consumer-heartbeat-interval.
@@ -102,7 +104,8 @@ type brokerFlags struct {
 	partitions, deliveries    *int
 	lock, session, heartbeat  *time.Duration
 	forgetShare               *bool
-	addr                      string // --listen, checked
+	share                     shareSessionFlags // broker_share.go
+	addr                      string            // --listen, checked
 }
 
 // parseBroker defines kpar broker's flags, parses args and checks them.
@@ -118,6 +121,7 @@ func parseBroker(args []string, stderr io.Writer) (*brokerFlags, int, bool) {
 		forgetShare: fs.Bool("forget-share-groups", false, "start on a --data-dir whose broker served share groups and did not stop cleanly (kill -9, a crash), dropping those groups: they start afresh (by default kpar broker refuses, since their progress is lost)"),
 		heartbeat:   fs.Duration("consumer-heartbeat-interval", time.Second, "how often consumer-protocol members heartbeat, and so how soon they learn a new assignment (group.consumer.heartbeat.interval.ms; Kafka's default is 5s)"),
 		registry:    addBrokerRegistryFlag(fs), // broker_registry.go
+		share:       addShareSessionFlags(fs),
 	}
 	if code, ok := fs.parseArgs(args); !ok {
 		return nil, code, false
@@ -140,6 +144,8 @@ func parseBroker(args []string, stderr io.Writer) (*brokerFlags, int, bool) {
 		return nil, fs.usageError("invalid --forget-share-groups: it needs --data-dir"), false
 	case *b.deliveries < 2 || *b.deliveries > 10:
 		return nil, fs.usageError("invalid --share-delivery-limit %d: want 2 to 10, as Kafka allows", *b.deliveries), false
+	case b.share.check() != "":
+		return nil, fs.usageError("%s", b.share.check()), false
 	}
 	return b, 0, true
 }
@@ -153,7 +159,7 @@ func (b *brokerFlags) config(stderr io.Writer) embedded.Config {
 		DataDir:    *b.dataDir,
 		Opts: []kfake.Opt{
 			kfake.WithLogger(kfake.BasicLogger(stderr, kfake.LogLevelWarn)),
-			kfake.BrokerConfigs(map[string]string{
+			kfake.BrokerConfigs(b.share.configs(map[string]string{
 				"group.share.record.lock.duration.ms": strconv.FormatInt(lock.Milliseconds(), 10),
 				// Expired locks are found by a sweep: a tenth of the
 				// lock (kfake's default is 5s, longer than short locks).
@@ -161,7 +167,7 @@ func (b *brokerFlags) config(stderr io.Writer) embedded.Config {
 				"group.share.delivery.count.limit":     strconv.Itoa(*b.deliveries),
 				"group.consumer.session.timeout.ms":    strconv.FormatInt(b.session.Milliseconds(), 10),
 				"group.consumer.heartbeat.interval.ms": strconv.FormatInt(b.heartbeat.Milliseconds(), 10),
-			}),
+			})),
 		},
 	}
 }

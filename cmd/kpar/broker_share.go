@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -141,4 +143,39 @@ func (g *shareGuard) writeLocked(clean bool) error {
 		return err
 	}
 	return os.Rename(tmp, g.path)
+}
+
+// shareSessionFlags are kpar broker's share-group session flags. A member
+// that stops without leaving (kill -9, a crash) keeps its share partitions
+// assigned, and the records it acquired locked, until its share session
+// expires: kfake reads group.share.session.timeout.ms (45s by default, as
+// Kafka's) and group.share.heartbeat.interval.ms, whose 5s default would
+// also delay a new member's first assignment.
+type shareSessionFlags struct {
+	session, heartbeat *time.Duration
+}
+
+func addShareSessionFlags(fs *flagSet) shareSessionFlags {
+	return shareSessionFlags{
+		session:   fs.Duration("share-session-timeout", 45*time.Second, "how long a share group keeps a silent member (kill -9, a crash): its partitions stay assigned to it and the records it acquired locked (up to --share-lock-duration) until then (group.share.session.timeout.ms; Kafka's default); kpar forward --share-group logs when it waits for one"),
+		heartbeat: fs.Duration("share-heartbeat-interval", time.Second, "how often share-group members heartbeat, and so how soon they learn a new assignment (group.share.heartbeat.interval.ms; Kafka's default is 5s)"),
+	}
+}
+
+// check returns the usage error of invalid values, or "".
+func (f shareSessionFlags) check() string {
+	switch {
+	case *f.session < time.Second || *f.session > 30*time.Minute:
+		return fmt.Sprintf("invalid --share-session-timeout %v: want 1s to 30m", *f.session)
+	case *f.heartbeat < 100*time.Millisecond || *f.heartbeat >= *f.session:
+		return fmt.Sprintf("invalid --share-heartbeat-interval %v: want 100ms or more, below --share-session-timeout (%v)", *f.heartbeat, *f.session)
+	}
+	return ""
+}
+
+// configs adds the broker configs of the flags to m.
+func (f shareSessionFlags) configs(m map[string]string) map[string]string {
+	m["group.share.session.timeout.ms"] = strconv.FormatInt(f.session.Milliseconds(), 10)
+	m["group.share.heartbeat.interval.ms"] = strconv.FormatInt(f.heartbeat.Milliseconds(), 10)
+	return m
 }

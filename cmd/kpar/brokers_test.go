@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"log/slog"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -46,7 +47,8 @@ func TestReadinessBrokersUnreachable(t *testing.T) {
 		var w fakeWork
 		w.share.Store(true)
 		s := startWatch(t, 15*time.Second, &w)
-		h := stallClient{s}
+		h := newBrokerWatch(slog.New(slog.DiscardHandler), "kpar forward")
+		s.brokers = h
 		meta := kgo.BrokerMetadata{NodeID: 0, Host: "127.0.0.1", Port: 9092}
 		h.OnBrokerRead(meta, 0, 10, 0, 0, nil)
 		wantReady(t, s, "a broker answered")

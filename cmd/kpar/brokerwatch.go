@@ -28,6 +28,19 @@ import (
 // says what it waits for: the broker it cannot reach and why, again every
 // brokerReport while it lasts, and, while no partitions come, the group
 // and protocol, how long the wait can last and what shortens it.
+//
+// It is also /readyz's one account of the brokers (unreachable). A member
+// whose brokers are down has nothing to fetch and nothing it can commit,
+// yet may still hold its assignment (the consumer protocol and share
+// groups keep it through an outage; the classic protocol's member is
+// dropped, which kparprom's Ready sees), and with nothing held in memory
+// the lag cannot be listed: the stall rule alone would say ready. So a
+// member is not ready while no broker was ever reached and every dial
+// fails (a wrong --brokers), or once it could not connect to any broker,
+// and read no answer from one since, for brokerGrace. Only failed
+// connections count as failures: a read that fails also ends when kgo
+// closes an idle connection or cancels a fetch, and an idle member's next
+// answer may be a fetch's full wait (5s) away.
 
 const (
 	// brokerReport is how often a broker that stays unreachable is
@@ -39,6 +52,11 @@ const (
 	// again every joinReport.
 	joinNote   = 8 * time.Second
 	joinReport = 15 * time.Second
+	// brokerGrace is how long dials may fail with no answer from any
+	// broker before a member that reached one is not ready: long enough
+	// for kgo to redial a broker that closed one connection, short enough
+	// to see a broker restart.
+	brokerGrace = 2 * time.Second
 )
 
 // brokerWatch is a kgo hook for every client of one command and a kpar
@@ -47,13 +65,19 @@ type brokerWatch struct {
 	log  *slog.Logger
 	what string // the command, for the log: "kpar forward"
 
-	reached  atomic.Bool // a connection to a broker succeeded once
+	reached  atomic.Bool // a broker answered once
 	joined   atomic.Bool // the group assigned this member (maybe nothing)
 	assigned atomic.Bool // the group assigned this member partitions
 	cl       atomic.Pointer[kgo.Client]
+	// failing is when the first connection failed since a broker last
+	// answered (a read, or a connection that opened), in UnixNano; 0 for
+	// none. Lock-free: OnBrokerRead reads it on every answer.
+	failing atomic.Int64
 
-	mu    sync.Mutex // guards addrs
-	addrs map[string]*brokerState
+	mu       sync.Mutex // guards addrs, lastAddr and lastErr
+	addrs    map[string]*brokerState
+	lastAddr string // the latest failed connection's address
+	lastErr  error  // and its error
 }
 
 // brokerState is the spell of failed connections to one address.
@@ -67,6 +91,7 @@ type brokerState struct {
 
 var (
 	_ kgo.HookBrokerConnect       = (*brokerWatch)(nil)
+	_ kgo.HookBrokerRead          = (*brokerWatch)(nil)
 	_ kgo.HookNewClient           = (*brokerWatch)(nil)
 	_ kpar.HookPartitionsAssigned = (*brokerWatch)(nil)
 )
@@ -83,10 +108,12 @@ func (w *brokerWatch) opts() []kpar.ConsumerOpt {
 	return []kpar.ConsumerOpt{kpar.WithHooks(w), kpar.ClientOptions(w.clientOpt())}
 }
 
-// OnNewClient implements kgo.HookNewClient: the client of the group, for
-// describing it (not the check's, nor a producer's).
+// OnNewClient implements kgo.HookNewClient: the client of the group or
+// share group, for describing it (not the check's, nor a producer's).
 func (w *brokerWatch) OnNewClient(cl *kgo.Client) {
-	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
+	g, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	share, _ := cl.OptValue(kgo.ShareGroup).(string)
+	if g != "" || share != "" {
 		w.cl.Store(cl)
 	}
 }
@@ -117,7 +144,7 @@ func (w *brokerWatch) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, 
 		w.addrs[addr] = st
 	}
 	if err == nil {
-		w.reached.Store(true)
+		w.answered()
 		was, since, total := st.failing, st.since, st.total
 		*st = brokerState{}
 		w.mu.Unlock()
@@ -126,6 +153,8 @@ func (w *brokerWatch) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, 
 		}
 		return
 	}
+	w.failing.CompareAndSwap(0, now.UnixNano())
+	w.lastAddr, w.lastErr = addr, err
 	st.err = err
 	st.total++
 	if !st.failing {
@@ -146,45 +175,59 @@ func (w *brokerWatch) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, 
 		"broker", addr, "for", now.Sub(since).Round(time.Second), "failed_connects", total, "err", err)
 }
 
-// unreachable says, for /readyz, whether every broker address tried
-// failed its latest connection attempt, and which with what error.
+// OnBrokerRead implements kgo.HookBrokerRead: an answer.
+func (w *brokerWatch) OnBrokerRead(_ kgo.BrokerMetadata, _ int16, _ int, _, _ time.Duration, err error) {
+	if err == nil && (w.failing.Load() != 0 || !w.reached.Load()) {
+		w.answered()
+	}
+}
+
+// answered notes that a broker answered: connections failing before it
+// do not count.
+func (w *brokerWatch) answered() {
+	w.reached.Store(true)
+	w.failing.Store(0)
+}
+
+// unreachable says, for /readyz, whether the brokers cannot be reached
+// (see brokerWatch), and why.
 func (w *brokerWatch) unreachable() (string, bool) {
 	if w == nil {
 		return "", false
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var addrs []string
-	var first time.Time
-	var last error
-	for a, st := range w.addrs {
-		if !st.failing {
-			return "", false
-		}
-		addrs = append(addrs, a)
-		if first.IsZero() || st.since.Before(first) {
-			first, last = st.since, st.err
-		}
-	}
-	if len(addrs) == 0 {
+	f := w.failing.Load()
+	if f == 0 {
 		return "", false
 	}
+	failing := time.Since(time.Unix(0, f))
+	reached := w.reached.Load()
+	if reached && failing < brokerGrace {
+		return "", false
+	}
+	w.mu.Lock()
+	var addrs []string
+	for a, st := range w.addrs {
+		if st.failing {
+			addrs = append(addrs, a)
+		}
+	}
+	addr, err := w.lastAddr, w.lastErr
+	w.mu.Unlock()
+	if err == nil {
+		return "", false
+	}
+	if reached {
+		return fmt.Sprintf("no broker could be reached for %v (nothing can be fetched or committed); last error: %s", failing.Round(time.Second), excerpt(addr+": "+err.Error())), true
+	}
 	slices.Sort(addrs)
-	return fmt.Sprintf("cannot reach brokers %s for %v: %s", strings.Join(addrs, ","), time.Since(first).Round(time.Second), excerpt(last.Error())), true
+	return fmt.Sprintf("cannot reach brokers %s for %v: %s", strings.Join(addrs, ","), failing.Round(time.Second), excerpt(err.Error())), true
 }
 
-// lastError is the latest connection error of any address, or nil.
+// lastError is the latest connection error, or nil.
 func (w *brokerWatch) lastError() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var err error
-	var at time.Time
-	for _, st := range w.addrs {
-		if st.failing && st.err != nil && !st.since.Before(at) {
-			err, at = st.err, st.since
-		}
-	}
-	return err
+	return w.lastErr
 }
 
 // stoppedEarly logs a stop that came before the member ever joined its

@@ -73,9 +73,7 @@ func TestFaultMatrix(t *testing.T) {
 // "fault/source/mode", with why. They are skipped unless
 // KPAR_FAULTMATRIX_KNOWN=1, so that the matrix guards the cells that pass;
 // issue 35 stays open until this map is empty.
-var fmKnownFailures = map[string]string{
-	"kill-9/group-consumer/at-least-once": "/readyz stays 200 while the restarted member waits for the dead member's partitions: readiness does not see partitions nobody owns (issue 35, item 8)",
-}
+var fmKnownFailures = map[string]string{}
 
 // fmKnownDuplicates are the cells that run, judged on everything but
 // their duplicate deliveries, which exceed the bound on today's code, with
@@ -102,7 +100,8 @@ const (
 	fmOutage = 4 * time.Second
 	// fmSession is the groups' session timeout: after a kill -9, a new
 	// member waits for the dead one's session to expire (consumer
-	// protocol, or classic without --instance-id).
+	// protocol, classic without --instance-id, and a share group: kpar
+	// broker --share-session-timeout).
 	fmSession = 6 * time.Second
 	// fmStallBound bounds every commit gap and every stretch without
 	// progress: a session timeout, franz-go's rejoin backoff (up to 5s,
@@ -195,7 +194,7 @@ func runFaultCell(t *testing.T, fault, src string, eos bool) {
 // startBroker starts `kpar broker --data-dir` on listen.
 func (c *faultCell) startBroker(listen string) (*brokerProcess, string) {
 	return startBrokerProcess(c.ctx, c.t, c.bin, "--listen", listen, "--partitions", strconv.Itoa(fmPartitions),
-		"--data-dir", c.dir, "--share-lock-duration", "1s")
+		"--data-dir", c.dir, "--share-lock-duration", "1s", "--share-session-timeout", fmSession.String())
 }
 
 func (c *faultCell) memberArgs() []string {
@@ -207,7 +206,6 @@ func (c *faultCell) memberArgs() []string {
 		return append(common, "--from", "0", "--to", time.Now().Add(24*time.Hour).UTC().Format(time.RFC3339),
 			"--progress", c.progress, "--progress-interval", "20ms")
 	case "share":
-		setShareSession(c.ctx, c.t, c.addr, fmSession)
 		return append(common, "--share-group", c.group, "--metrics-listen", c.status, "--ready-stall", fmReadyStall.String())
 	}
 	proto := kpar.ClassicProtocol
@@ -453,29 +451,6 @@ func (c *faultCell) judge(ep *ledgerEndpoint) {
 		if !r.readyAfter {
 			t.Errorf("/readyz was not ready again once every record was finished; last answer %q", r.last)
 		}
-	}
-}
-
-// setShareSession sets the broker's share-group session timeout
-// (group.share.session.timeout.ms, 45s by default), as an operator would
-// with kafka-configs: after a kill -9 the dead member's share session
-// holds its place in the group until it expires.
-func setShareSession(ctx context.Context, t *testing.T, addr string, d time.Duration) {
-	t.Helper()
-	cl := newClient(t, addr)
-	defer cl.Close()
-	ms, hb := strconv.FormatInt(d.Milliseconds(), 10), strconv.FormatInt(consumerHeartbeat.Milliseconds(), 10)
-	resps, err := kadm.NewClient(cl).AlterBrokerConfigs(ctx, []kadm.AlterConfig{
-		{Name: "group.share.session.timeout.ms", Value: &ms},
-		{Name: "group.share.heartbeat.interval.ms", Value: &hb},
-	})
-	for _, r := range resps {
-		if err == nil {
-			err = r.Err
-		}
-	}
-	if err != nil {
-		t.Logf("setting the share-group session timeout: %v (the broker's default holds)", err)
 	}
 }
 

@@ -153,7 +153,7 @@ func addAttemptFlags(fs *flagSet, maxAttemptsHelp string) attemptFlags {
 		timeout:      fs.Duration("attempt-timeout", 10*time.Second, "time limit of one request, response included"),
 		shutdownWait: fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish before they are cancelled"),
 		hangLimit: fs.Duration("hang-limit", 2*time.Minute, "a record whose requests keep timing out while the endpoint answers other records is dead-lettered (class timeout, \"hung the downstream\") within `D` of the last answer; "+
-			"while other records time out or are refused too, the endpoint is down and nothing is dead-lettered; 0 holds such a record until it succeeds"),
+			"while other records time out or are refused too, or three or more hang at once with nothing answered since, the endpoint is down and nothing is dead-lettered; 0 holds such a record until it succeeds"),
 	}
 }
 

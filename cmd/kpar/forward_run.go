@@ -154,6 +154,8 @@ func (f *forwarder) run(ctx context.Context) int {
 	}
 	if !f.share {
 		defer f.reach.watchJoin(ctx, *f.group, f.protocol, *f.sessionTimeout, *f.rebalanceTimeout, *f.instanceID)()
+	} else {
+		defer f.reach.watchShare(ctx, *f.shareGroup, f.c.ShareStats)() // sharewait.go
 	}
 	stopLog := context.AfterFunc(ctx, func() {
 		if f.share {

@@ -100,11 +100,8 @@ type stallWatch struct {
 	// error; nil when a record finished since. The member is not ready
 	// while it is set: records are held until an operator fixes it.
 	refused atomic.Pointer[refusal]
-	// answers is when the brokers last answered, and the first failure to
-	// reach one since (brokers.go): readiness through an outage of a
-	// running member. brokers (brokerwatch.go) logs unreachable brokers
-	// and refuses readiness while every address it tried fails.
-	answers brokerAnswers
+	// brokers (brokerwatch.go) logs unreachable brokers and says when
+	// they make the member not ready.
 	brokers *brokerWatch                // nil for none
 	cl      atomic.Pointer[groupClient] // the Consumer's client, for lag
 
@@ -113,6 +110,10 @@ type stallWatch struct {
 
 	mu sync.Mutex // guards st
 	st stallState
+
+	// orphans sees records waiting on partitions this member does not
+	// own (readiness_orphans.go).
+	orphans orphanWatch
 }
 
 var (
@@ -243,10 +244,13 @@ type work struct {
 	// lag is the records not fetched yet for the assigned partitions in
 	// stats (a share group: the group's), false when unknown.
 	lag func(ctx context.Context, stats []kpar.PartitionStats) (int64, bool)
+	// unowned lists the consumed partitions not in owned, nil for none
+	// (readiness_orphans.go).
+	unowned func(ctx context.Context, owned []kpar.PartitionStats) ([]unownedPart, bool)
 }
 
 func (p *stallWatch) consumerWork(c *kpar.Consumer) work {
-	return work{partitions: c.Partitions, share: c.ShareStats, lag: p.lag}
+	return work{partitions: c.Partitions, share: c.ShareStats, lag: p.lag, unowned: p.unowned}
 }
 
 // run samples progress and work every sampleInterval until ctx ends.
@@ -284,6 +288,7 @@ func (p *stallWatch) run(ctx context.Context, w work) {
 			}
 			waiting, what = lag, "not fetched yet"
 		}
+		p.orphans.check(ctx, now, p.grace, stats, w.unowned)
 
 		p.mu.Lock()
 		if moved {
@@ -317,18 +322,15 @@ func (p *stallWatch) ready(base func() (bool, string)) (bool, string) {
 		return false, fmt.Sprintf("the downstream refuses every attempt for a configuration error since %v ago, records are held until it is fixed: %s",
 			time.Since(r.since).Round(time.Second), excerpt(r.err))
 	}
-	if unreachable, why := p.answers.unreachable(time.Now()); unreachable {
-		return false, why
-	}
 	p.mu.Lock()
 	st := p.st
 	p.mu.Unlock()
 	if !st.sampled || st.waiting == 0 {
-		return ok, why
+		return p.orphansReady(ok, why)
 	}
 	stalled := time.Since(st.since)
 	if stalled < p.grace {
-		return ok, why
+		return p.orphansReady(ok, why)
 	}
 	var b strings.Builder
 	records := "records"

@@ -287,33 +287,7 @@ func TestStallWatchListsLag(t *testing.T) {
 	if _, ok := s.lag(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}}); ok {
 		t.Error("lag known before the Consumer has a client")
 	}
-	admin, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	for i := range 10 {
-		if err := admin.ProduceSync(ctx, &kgo.Record{Topic: "t", Partition: int32(i % 2), Value: []byte("v")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stallClient{s}.OnNewClient(admin) // no group: not the Consumer's
-	// Committed before the group has a member: once the client below has
-	// joined, the broker refuses a commit from outside the group
-	// (UNKNOWN_MEMBER_ID; 1 of 9 runs beside two CPU hogs).
-	resp, err := kadm.NewClient(admin).CommitOffsets(ctx, "g", kadm.OffsetsFromRecords(kgo.Record{Topic: "t", Partition: 0, Offset: 2}))
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"),
-		kgo.WithHooks(stallClient{s}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := lagGroup(ctx, t, c, s, 2, 10, kadm.OffsetsFromRecords(kgo.Record{Topic: "t", Partition: 0, Offset: 2}))
 	// Partition 0: 5 records, committed at 3; partition 1: 5, none committed.
 	n, ok := s.lag(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}, {Topic: "t", Partition: 1}})
 	if !ok || n != 2+5 {

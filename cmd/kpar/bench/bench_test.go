@@ -317,7 +317,8 @@ func BenchmarkCPU(b *testing.B) {
 }
 
 // TestRunSmallFlow runs the forwarding scenarios small: every record is
-// delivered or dead-lettered, nothing lost, each with its ratio.
+// delivered or dead-lettered, nothing lost, each with its ratio, and
+// forward and batch with each contender's CPU per record.
 func TestRunSmallFlow(t *testing.T) {
 	cfg := Config{Scenarios: []string{Adaptive, Rate, Forward, Batch}, Records: 600}
 	rep := runSmall(t, cfg)
@@ -331,6 +332,9 @@ func TestRunSmallFlow(t *testing.T) {
 		}
 		if res.Contender == KparForward && res.RatioTo != want[res.Scenario] {
 			t.Errorf("%s %s: ratio to %q, want %q", res.Scenario, res.Variant, res.RatioTo, want[res.Scenario])
+		}
+		if (res.Scenario == Forward || res.Scenario == Batch) && !strings.Contains(res.Note, "µs CPU/") {
+			t.Errorf("%s %s %s: note %q gives no CPU per record", res.Scenario, res.Variant, res.Contender, res.Note)
 		}
 	}
 }

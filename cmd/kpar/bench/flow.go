@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -158,6 +159,8 @@ func (r *runner) runForward(ctx context.Context, scenario, variant string, t *to
 
 // generate is the plain Go HTTP client a user would write: conc goroutines
 // POSTing body n times in all with a pooled client, draining each answer.
+// Like a kpar run, it has its CPU time measured (Cores) and, with
+// --cpuprofile, profiled, so that the two compare per request.
 func (r *runner) generate(ctx context.Context, scenario, url string, conc int, n int64, body []byte) Result {
 	res := Result{Scenario: scenario, Contender: Generator, Target: n}
 	t := http.DefaultTransport.(*http.Transport).Clone()
@@ -167,6 +170,9 @@ func (r *runner) generate(ctx context.Context, scenario, url string, conc int, n
 	var left, done, failed atomic.Int64
 	left.Store(n)
 	var wg sync.WaitGroup
+	runtime.GC() // as measure does: every run starts from a collected heap
+	stopProfile := r.startProfile(runSpec{scenario: scenario, variant: "per request", c: contender{name: Generator}})
+	cpu0 := cpuTime()
 	start := time.Now()
 	for range conc {
 		wg.Go(func() {
@@ -184,8 +190,11 @@ func (r *runner) generate(ctx context.Context, scenario, url string, conc int, n
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	cpu := cpuTime() - cpu0
+	stopProfile()
 	res.Records, res.Seconds = done.Load(), wall.Seconds()
 	res.RecordsPerSec = float64(res.Records) / wall.Seconds()
+	res.Cores = cpu.Seconds() / wall.Seconds()
 	if f := failed.Load(); f > 0 {
 		res.Err = fmt.Sprintf("%d requests failed", f)
 	}
@@ -342,5 +351,24 @@ func (r *runner) againstGenerator(ctx context.Context, scenario string, ep *endp
 	if gen.RecordsPerSec > 0 {
 		res.Ratio, res.RatioTo = res.RecordsPerSec/gen.RecordsPerSec, "generator"
 	}
+	gen.Note = join(gen.Note, cpuPerRecord(gens, "request"))
+	res.Note = join(res.Note, cpuPerRecord(runs, "record")+" (broker included)")
 	return gen, res, nil
+}
+
+// cpuPerRecord is the median over rs of the process's CPU time per record
+// (or request): on a machine with fewer cores than the work could use,
+// records/s follow it.
+func cpuPerRecord(rs []Result, per string) string {
+	var us []float64
+	for _, r := range rs {
+		if r.Records > 0 {
+			us = append(us, r.Cores*r.Seconds/float64(r.Records)*1e6)
+		}
+	}
+	if len(us) == 0 {
+		return ""
+	}
+	slices.Sort(us)
+	return fmt.Sprintf("%.1f µs CPU/%s", us[len(us)/2], per)
 }
