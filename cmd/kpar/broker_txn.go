@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -78,7 +79,7 @@ func abortOrphanedTransactions(ctx context.Context, cfg embedded.Config, stderr 
 	err = writeAbortMarkers(ctx, c.Addr(), open)
 	c.Close() // saves what the markers changed, and the bumped epochs
 	if err != nil {
-		return fmt.Errorf("writing the ABORT markers of the transactions left open in --data-dir %s: %w", dir, err)
+		return fmt.Errorf("writing the ABORT markers of the transactions left open in --data-dir %s: %w; without them read_committed readers would skip those producers' later transactions: start again, or use another --data-dir", dir, err)
 	}
 	var where []string
 	producers := map[int64]bool{}
@@ -145,7 +146,7 @@ func openInPartition(pdir string) ([]openTxn, error) {
 		n, _ := strconv.ParseInt(strings.TrimSuffix(filepath.Base(f), ".dat"), 10, 64)
 		return n
 	}
-	slices.SortFunc(files, func(a, b string) int { return int(max(min(base(a)-base(b), 1), -1)) })
+	slices.SortFunc(files, func(a, b string) int { return cmp.Compare(base(a), base(b)) })
 	open := map[int64]openTxn{} // producer ID -> its open transaction
 	for _, f := range files {
 		raw, err := os.ReadFile(f)
@@ -179,7 +180,7 @@ func openInPartition(pdir string) ([]openTxn, error) {
 	for _, o := range open {
 		out = append(out, o)
 	}
-	slices.SortFunc(out, func(a, b openTxn) int { return int(max(min(a.first-b.first, 1), -1)) })
+	slices.SortFunc(out, func(a, b openTxn) int { return cmp.Compare(a.first, b.first) })
 	return out, nil
 }
 
