@@ -145,24 +145,25 @@ func (e *engine) warnBatchTooLarge(topic string, err error) {
 // why; a dead letter is cut further (see deadletter.KafkaSink). Without a
 // dead-letter sink, or once a dead letter cannot be cut any more, o stays
 // as it is and the log says what to do: the transactions keep failing
-// until an operator does it (nothing is lost, nothing commits).
-func (e *engine) refit(ctx context.Context, o *pendingOutput, r *kgo.Record, refusal error) {
+// until an operator does it (nothing is lost, nothing commits). It
+// reports whether o changed.
+func (e *engine) refit(ctx context.Context, o *pendingOutput, r *kgo.Record, refusal error) bool {
 	sink, _ := e.cfg.deadLetters.(*deadletter.KafkaSink)
 	what := [...]string{outHandler: "output", outRetry: "retry-topic record", outDeadLetter: "dead letter"}[o.kind]
 	if sink == nil {
 		e.log.Error("kpar: a finished record's "+what+" is too large for its topic and there is no dead-letter sink to put the record in instead; transactions abort and commits wait until the topic's max.message.bytes is raised (or set DeadLetters)",
 			"topic", r.Topic, "bytes", recordBytes(r), "record", outputInputID(o.in), "err", refusal)
-		return
+		return false
 	}
 	if o.kind == outDeadLetter {
 		rec, stage, err := sink.Cut(ctx, *o.letter, o.cut+1)
 		if err != nil {
 			e.log.Error("kpar: a dead letter is too large for its topic even cut to the bone; transactions abort and commits wait until the topic's max.message.bytes is raised",
 				"topic", r.Topic, "record", outputInputID(o.in), "err", err)
-			return
+			return false
 		}
 		o.recs, o.cut = []*kgo.Record{rec}, stage
-		return
+		return true
 	}
 	now := time.Now()
 	var l deadletter.Letter
@@ -182,7 +183,7 @@ func (e *engine) refit(ctx context.Context, o *pendingOutput, r *kgo.Record, ref
 	recs, err := sink.Records(ctx, []deadletter.Letter{l})
 	if err != nil {
 		e.log.Error("kpar: making the dead letter of a record whose output is too large failed; the next transaction tries again", "record", outputInputID(o.in), "err", err)
-		return
+		return false
 	}
 	e.log.Warn("kpar: record dead-lettered in place of its outputs", "topic", o.in.Topic, "partition", o.in.Partition,
 		"offset", o.in.Offset, "class", l.Class, "attempts", l.Attempts, "err", l.Message)
@@ -190,6 +191,7 @@ func (e *engine) refit(ctx context.Context, o *pendingOutput, r *kgo.Record, ref
 		h.OnDeadLettered(l)
 	}
 	o.recs, o.kind, o.letter, o.cut = recs, outDeadLetter, &l, 0
+	return true
 }
 
 // outputInputID names r as topic/partition@offset.

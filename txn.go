@@ -119,28 +119,54 @@ func isKafkaSink(s deadletter.Sink) bool {
 // A failed transaction is aborted and its outputs go into the next one, in
 // front of the newer ones: their records stay finished in the windows, and
 // the next commit includes them again. Called with g.commitMu held.
+//
+// A transaction that failed because an output was too large for its topic
+// goes again at once, with the input's dead letter in that output's place
+// (refit): as the running case would after the settler's backoff, and at a
+// stop, where the final commit has no next settle, so that it ends cleanly.
 func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 	e := g.e
-	e.mu.Lock()
-	todo := g.snapshotLocked(only)
-	outs := e.takeOutputs()
-	e.mu.Unlock()
-	if len(outs) == 0 {
-		if len(todo) == 0 {
+	for attempt := 1; ; attempt++ {
+		// The transaction commits as the member that held the partitions
+		// when it took their outputs: read before the snapshot, a newer
+		// generation's commit is refused and goes again, never the other
+		// way round (a transaction of partitions lost in between, whose
+		// flush outlived a broker outage, committed in the name of the
+		// member that got them back and was handling their records again:
+		// their replies twice).
+		member := groupMember(g.cl)
+		e.mu.Lock()
+		todo := g.snapshotLocked(only)
+		outs := e.takeOutputs()
+		e.mu.Unlock()
+		if len(outs) == 0 {
+			if len(todo) == 0 {
+				return nil
+			}
+			_, err := g.commitParts(ctx, todo)
+			return err
+		}
+		refitted, err := g.transact(ctx, member, todo, outs)
+		if err == nil {
 			return nil
 		}
-		_, err := g.commitParts(ctx, todo)
-		return err
-	}
-	err := g.transact(ctx, todo, outs)
-	if err != nil {
 		e.mu.Lock()
 		e.putBackOutputs(outs)
-		e.askCommit() // try again after the settler's backoff
+		again := refitted && attempt < maxRefitAttempts && ctx.Err() == nil
+		if !again {
+			e.askCommit() // try again after the settler's backoff
+		}
 		e.mu.Unlock()
+		if !again {
+			return err
+		}
 	}
-	return err
 }
+
+// maxRefitAttempts bounds the transactions one commit runs while outputs
+// are refused as too large and refit: a dead letter is cut a stage further
+// each time (deadletter.KafkaSink.Cut), and several records may not fit.
+const maxRefitAttempts = 8
 
 // takeOutputs takes the outputs waiting for a transaction, but those of
 // partitions dropped meanwhile: their next owner handles their records,
@@ -166,7 +192,9 @@ func (e *engine) putBackOutputs(outs []pendingOutput) {
 // transact runs one transaction: the outputs, then the commit of todo
 // (AddOffsetsToTxn and TxnOffsetCommit, with the member's ID and generation
 // so that a zombie is fenced), then its end. Any failure aborts it.
-func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pendingOutput) error {
+// refitted reports that outs changed for the next one: an output too large
+// for its topic gave way to its input's dead letter (refit).
+func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted bool, _ error) {
 	e := g.e
 	txn := e.out.cl
 	// A transaction ends even when ctx is done (the settler stops at
@@ -176,10 +204,10 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	if err := txn.BeginTransaction(); err != nil {
 		// One an earlier call could not end: abort it, and begin again.
 		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
-			return fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
+			return false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
 		}
 		if err := txn.BeginTransaction(); err != nil {
-			return fmt.Errorf("kpar: beginning a transaction: %w", err)
+			return false, fmt.Errorf("kpar: beginning a transaction: %w", err)
 		}
 	}
 	var (
@@ -210,6 +238,14 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 		}
 	}
 	err := txn.Flush(ctx)
+	if err != nil {
+		// The flush gave up (ctx done: a stop while the broker is away)
+		// with records still buffered. They must not go out in the next
+		// transaction, beside the same outputs produced again there.
+		if abortErr := txn.AbortBufferedRecords(endCtx); abortErr != nil {
+			e.log.Warn("kpar: failing the outputs still buffered for an aborted transaction failed", "err", abortErr)
+		}
+	}
 	mu.Lock()
 	err = cmpOr(err, produceErr)
 	refused := refusedOuts
@@ -220,7 +256,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	for i, r := range refused {
 		if e.out.guilty(endCtx, r.rec) {
 			guilty = true
-			e.refit(endCtx, &outs[i], r.rec, r.err)
+			refitted = e.refit(endCtx, &outs[i], r.rec, r.err) || refitted
 		}
 	}
 	for _, r := range refused {
@@ -232,7 +268,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	var asked map[string]map[int32]int64
 	var tooLarge []*commitPart
 	if err == nil && len(todo) > 0 {
-		asked, tooLarge, err = g.txnOffsetCommit(ctx, txn, todo)
+		asked, tooLarge, err = g.txnOffsetCommit(ctx, txn, member, todo)
 	}
 	end := kgo.TryCommit
 	if err != nil {
@@ -257,7 +293,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 		if len(todo) > 0 {
 			g.committed(todo, nil, tooLarge)
 		}
-		return fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
+		return refitted, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
 	}
 	if asked == nil {
 		asked = askedOffsets(todo)
@@ -266,7 +302,7 @@ func (g *groupSource) transact(ctx context.Context, todo []commitPart, outs []pe
 	for _, h := range e.hooks.commit {
 		h.OnCommit(asked, nil)
 	}
-	return nil
+	return false, nil
 }
 
 // outputRefusal is an output a topic refused, and the error it gave.
@@ -296,8 +332,20 @@ func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart) bool {
 	return true
 }
 
-// txnOffsetCommit adds the commit of todo to the open transaction of txn.
-func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, todo []commitPart) (map[string]map[int32]int64, []*commitPart, error) {
+// groupIdentity is a member's ID and generation (or epoch) in its group.
+type groupIdentity struct {
+	id         string
+	generation int32
+}
+
+func groupMember(cl *kgo.Client) groupIdentity {
+	id, generation := cl.GroupMetadata()
+	return groupIdentity{id, generation}
+}
+
+// txnOffsetCommit adds the commit of todo to the open transaction of txn,
+// in the name of member.
+func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, member groupIdentity, todo []commitPart) (map[string]map[int32]int64, []*commitPart, error) {
 	e := g.e
 	id, epoch, err := txn.ProducerID(ctx)
 	if err != nil {
@@ -318,10 +366,9 @@ func (g *groupSource) txnOffsetCommit(ctx context.Context, txn *kgo.Client, todo
 	if err != nil {
 		return nil, nil, err
 	}
-	member, generation := g.cl.GroupMetadata()
 	req := kmsg.NewPtrTxnOffsetCommitRequest()
 	req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch = txnID, e.cfg.group, id, epoch
-	req.MemberID, req.Generation = member, generation
+	req.MemberID, req.Generation = member.id, member.generation
 	if e.cfg.instanceID != "" {
 		req.InstanceID = kmsg.StringPtr(e.cfg.instanceID)
 	}

@@ -28,6 +28,10 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			fmt.Fprintf(stderr, "kpar broker: %v\n", err)
 			return 1
 		}
+		if err := abortOrphanedTransactions(ctx, b.config(stderr), stderr); err != nil { // broker_txn.go
+			fmt.Fprintf(stderr, "kpar broker: %v\n", err)
+			return 1
+		}
 	}
 	c, err := embedded.Start(b.config(stderr))
 	if err != nil {
@@ -86,7 +90,13 @@ Share groups and --data-dir: the broker saves a share group's progress
 After a kill -9 or a crash it is lost, so kpar broker refuses to start on
 that directory (exit 1, naming the groups) rather than let their members
 silently skip records; --forget-share-groups starts it anyway, the groups
-afresh.`
+afresh.
+
+Transactions and --data-dir: after a kill -9 or a crash, the transactions
+that were open are aborted when the broker starts again (it writes their
+ABORT markers and says so on stderr); their producers are fenced and retry
+in a new transaction. After a clean stop they stay open for their producers
+to end.`
 
 // brokerFlags are kpar broker's flags.
 type brokerFlags struct {

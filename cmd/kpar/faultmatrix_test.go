@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
@@ -72,8 +73,14 @@ func TestFaultMatrix(t *testing.T) {
 // "fault/source/mode", with why. They are skipped unless
 // KPAR_FAULTMATRIX_KNOWN=1, so that the matrix guards the cells that pass;
 // issue 35 stays open until this map is empty.
-var fmKnownFailures = map[string]string{
-	"broker-restart/group-classic/exactly-once":  "a SIGKILL of kpar broker --data-dir costs hundreds of duplicates and repeats replies or leaves a transaction open for good (kfake saves transaction state only on a clean stop, as it does share groups; not yet proven the cause)",
+var fmKnownFailures = map[string]string{}
+
+// fmKnownDuplicates are the cells that run, judged on everything but
+// their duplicate deliveries, which exceed the bound on today's code, with
+// why; KPAR_FAULTMATRIX_KNOWN=1 holds them to the bound too. Issue 35
+// stays open until this map is empty as well.
+var fmKnownDuplicates = map[string]string{
+	"broker-restart/group-classic/exactly-once":  "about 400 duplicate deliveries (bound 32): the outage costs the member its partitions (heartbeats fail), and under ExactlyOnce it keeps nothing of what it finished since its last transaction (lostwork.go keeps that at least once only: the outputs would have to be kept too), so it handles those records again once it has them back",
 	"broker-restart/group-consumer/exactly-once": "as broker-restart/group-classic/exactly-once",
 }
 
@@ -264,6 +271,9 @@ func (c *faultCell) runMember() {
 		produce()
 	}
 	c.waitFinished(p, int64(produced))
+	if c.eos {
+		c.waitCommittedAtEnd()
+	}
 	c.ready.awaitReady(ctx, t, p)
 	c.ready.stop()
 	if code := p.stop(ctx, t, syscall.SIGTERM); code != 0 {
@@ -331,6 +341,45 @@ func (c *faultCell) waitFinished(p *process, n int64) {
 	waitFinished(ctx, c.t, c.l, p, n)
 }
 
+// waitCommittedAtEnd waits, under --exactly-once, for the group's commit
+// to reach every partition's end: a record is done once its transaction
+// committed, after its handler returned (which is what the ledger sees).
+// After a kill -9 of the broker, which forgets the group's members, a
+// member handles its buffered records before it learns that (its next
+// heartbeat): stopped then, its final transaction would be refused as the
+// unknown member's, and its records left to a next member.
+func (c *faultCell) waitCommittedAtEnd() {
+	t, ctx := c.t, c.ctx
+	t.Helper()
+	cl := newClient(t, c.addr)
+	defer cl.Close()
+	ends := endOffsets(ctx, t, c.addr, c.topic)
+	for deadline := time.Now().Add(fmStallBound); ; {
+		offs, err := kadm.NewClient(cl).FetchOffsets(ctx, c.group)
+		short := len(ends)
+		if err == nil {
+			short = 0
+			for p, end := range ends {
+				if o, ok := offs.Lookup(c.topic, p); end > 0 && (!ok || o.At != end) {
+					short++
+				}
+			}
+		}
+		if short == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("every record handled, but the commit did not reach the end of %d partitions within %v (%v)", short, fmStallBound, err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(readyPoll):
+		}
+	}
+}
+
 // judge checks the cell's ledger, dead letters, replies, commits and
 // readiness, and logs its row of the matrix.
 func (c *faultCell) judge(ep *ledgerEndpoint) {
@@ -372,13 +421,18 @@ func (c *faultCell) judge(ep *ledgerEndpoint) {
 	}
 	r := c.ready.result()
 	dupBound := fmDupBound(c.src) * int64(c.reps)
+	checkBound := dupBound
+	if why, known := fmKnownDuplicates[c.fault+"/"+c.src+"/"+map[bool]string{false: "at-least-once", true: "exactly-once"}[c.eos]]; known && os.Getenv("KPAR_FAULTMATRIX_KNOWN") == "" {
+		t.Logf("duplicates not held to the bound of %d on today's code (KPAR_FAULTMATRIX_KNOWN=1 does): %s", dupBound, why)
+		checkBound = -1
+	}
 	t.Logf("matrix row: %s/%s eos=%v, %d records, %d faults (%v each): lost %d, wrongly dead-lettered %d, duplicates %d (bound %d), replies missing %d repeated %d (distinct replies in the log but not read_committed: %d), longest stretch without progress %v (bound %v), readiness: %s",
 		c.fault, c.src, c.eos, rep.Produced, c.reps, c.outageOrKilled, rep.Lost, letters, rep.Duplicates, dupBound,
 		repliesMissing, repliesRepeated, repliesUncommitted, r.longest.Round(10*time.Millisecond), fmStallBound, r.verdict(c.src))
 	if bad := ep.malformed(); len(bad) > 0 {
 		t.Errorf("malformed requests: %q", bad)
 	}
-	if err := rep.Check(dupBound); err != nil {
+	if err := rep.Check(checkBound); err != nil {
 		t.Error(err)
 	}
 	if letters > 0 {

@@ -24,8 +24,11 @@
 // written before the death are still there: kfake writes them as they happen
 // and reloads by replaying the segment files, and the files are in the OS
 // page cache even though nothing called fsync. What is lost is what kfake
-// saves only on Close: group membership (consumers rejoin) and the sequence
-// windows that deduplicate an idempotent producer's retries across the kill.
+// saves only on Close: group membership (consumers rejoin), the sequence
+// windows that deduplicate an idempotent producer's retries across the kill,
+// and the transactions in progress: kfake aborts those in memory but writes
+// no ABORT marker, so read_committed readers then skip that producer's later
+// transactions too (kpar broker writes the markers: cmd/kpar/broker_txn.go).
 // Surviving a machine crash or power loss needs fsync on every write: pass
 // kfake.SyncWrites() in Config.Opts.
 //
