@@ -16,7 +16,7 @@ import (
 	"github.com/kpar/kpar/internal/awake"
 	"github.com/kpar/kpar/internal/buffer"
 	"github.com/kpar/kpar/internal/cost"
-	"github.com/kpar/kpar/internal/limit"
+	"github.com/kpar/kpar/internal/limits"
 	"github.com/kpar/kpar/internal/sched"
 	"github.com/kpar/kpar/internal/settle"
 )
@@ -34,10 +34,11 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //   - engine.mu, the pipeline's lock (with cond, the workers' wait on
 //     it): parts and the partStates in it, and every field after it. The
 //     rooms that are packages of their own (internal/cost, awake, buffer,
-//     settle, sched, window, limit) keep their state unexported, so only
-//     their methods, called by the engine under mu, change it; the rooms
-//     still embedded here (dispatch, limits, retries, pauses, the outputs
-//     waiting for a transaction) say which file works them. Held for
+//     settle, limits, sched, window, limit, throttle) keep their state
+//     unexported, so only their methods, called by the engine under mu,
+//     change it; the rooms still embedded here (dispatch, retries,
+//     pauses, the outputs waiting for a transaction) say which file
+//     works them. Held for
 //     bookkeeping only: no handler, hook, client call or log runs under
 //     it. Its word and what it guards change with every record, so the
 //     fields before it, read by every worker, sit on other cache lines.
@@ -118,7 +119,13 @@ type engine struct {
 	// drained is closed when the last admitted record finishes after
 	// draining began; nil while none waits.
 	drained chan struct{}
-	limits
+	// limits decide whether an attempt may start now: the attempts
+	// running, the adaptive limit or the breaker, the rate limits
+	// (internal/limits, worked by worker.go's limited and limitDone and
+	// throttle.go's keyWait); limitWake is armed while a limit pauses
+	// dispatching.
+	limits    limits.Gate
+	limitWake *time.Timer
 	retries
 	pauses
 	settling
@@ -144,22 +151,6 @@ type dispatch struct {
 	taskPool taskPool
 	// runsEntered counts the record runs entered (run.go), for tests.
 	runsEntered uint64
-}
-
-// limits decide whether an attempt may start now (worker.go's limited,
-// throttle.go, overload.go). Guarded by engine.mu.
-type limits struct {
-	// lim is the adaptive in-flight limit (AdaptiveConcurrency), nil when
-	// off; active counts records taken by workers and not finished, which
-	// it bounds; limitWake is armed while a limit pauses dispatching.
-	lim       *limit.Adaptive
-	active    int
-	limitWake *time.Timer
-	// rate holds the rate limits, nil when none; brk is the overload
-	// breaker, nil with the adaptive limit, which paces an overloaded
-	// downstream itself.
-	rate *rates
-	brk  *limit.Breaker
 }
 
 // retries is where failed records wait (failures.go): on a backoff timer,
@@ -229,13 +220,8 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 	e.exileWake = make(chan struct{}, 1)
 	e.toggleWake = make(chan struct{}, 1)
 	e.commitWake = make(chan struct{}, 1)
-	if c.adaptive {
-		e.lim = limit.New(c.concurrency)
-	} else {
-		e.brk = new(limit.Breaker)
-	}
-	e.rate = newRates(c)
-	e.cost = newHandlerCost(c, bh != nil, e.rate)
+	e.limits = newLimits(c)
+	e.cost = newHandlerCost(c, bh != nil, e.limits.Rated())
 	if newSource != nil {
 		e.src = newSource(e)
 	}
