@@ -311,15 +311,8 @@ func (e *engine) attemptsOf(p tp, offset int64) int {
 			return a.attempt
 		}
 	}
-	for t := range e.timers {
-		if match(t) {
-			return t.Value.attempts
-		}
-	}
-	for _, t := range e.exiled {
-		if match(t) {
-			return t.Value.attempts
-		}
+	if t, ok := e.retries.Find(match); ok {
+		return t.Value.attempts
 	}
 	return 0
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kpar/kpar/internal/buffer"
 	"github.com/kpar/kpar/internal/cost"
 	"github.com/kpar/kpar/internal/limits"
+	"github.com/kpar/kpar/internal/retry"
 	"github.com/kpar/kpar/internal/sched"
 	"github.com/kpar/kpar/internal/settle"
 )
@@ -34,11 +35,10 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //   - engine.mu, the pipeline's lock (with cond, the workers' wait on
 //     it): parts and the partStates in it, and every field after it. The
 //     rooms that are packages of their own (internal/cost, awake, buffer,
-//     settle, limits, sched, window, limit, throttle) keep their state
+//     settle, limits, retry, sched, window, limit, throttle) keep their state
 //     unexported, so only their methods, called by the engine under mu,
-//     change it; the rooms still embedded here (dispatch, retries,
-//     pauses, the outputs waiting for a transaction) say which file
-//     works them. Held for
+//     change it; the rooms still embedded here (dispatch, pauses, the
+//     outputs waiting for a transaction) say which file works them. Held for
 //     bookkeeping only: no handler, hook, client call or log runs under
 //     it. Its word and what it guards change with every record, so the
 //     fields before it, read by every worker, sit on other cache lines.
@@ -75,6 +75,8 @@ type engine struct {
 	seed       maphash.Seed
 	stuckAfter time.Duration
 	src        source
+	// retryTo names the retry topics and reads their levels (retrytopics.go).
+	retryTo retry.Topics
 	// keep, for a source that withdraws records at shutdown (share
 	// groups), says which must run all the same. Called with mu held.
 	keep func(*kgo.Record) bool
@@ -126,7 +128,11 @@ type engine struct {
 	// dispatching.
 	limits    limits.Gate
 	limitWake *time.Timer
-	retries
+	// retries is where failed records wait (internal/retry, worked by
+	// failures.go): on a backoff timer, or for the exile writer (retry
+	// topic or dead-letter sink), which exileWake nudges.
+	retries   retry.Room[*task, *time.Timer]
+	exileWake chan struct{}
 	pauses
 	settling
 	hangs hangWatch // successes and outages, for the hang policy (hang.go)
@@ -151,16 +157,6 @@ type dispatch struct {
 	taskPool taskPool
 	// runsEntered counts the record runs entered (run.go), for tests.
 	runsEntered uint64
-}
-
-// retries is where failed records wait (failures.go): on a backoff timer,
-// or for the exile writer (retry topic or dead-letter sink). Guarded by
-// engine.mu.
-type retries struct {
-	timers map[*task]*time.Timer
-	// exiled records wait for the exile writer; exileWake nudges it.
-	exiled    []*task
-	exileWake chan struct{}
 }
 
 // pauses are pause and resume decisions waiting for the fetch controller
@@ -206,6 +202,7 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 		log:        c.logger,
 		seed:       maphash.MakeSeed(),
 		stuckAfter: c.stuckAfter,
+		retryTo:    retry.NewTopics(c.topics, len(c.retryTopics), c.retryMax),
 		slots:      make(attemptSlots, c.concurrency),
 		parts:      make(map[tp]*partState),
 		buf:        buffer.New(c.maxBytes),
@@ -216,7 +213,7 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 	}
 	e.cond.L = &e.mu
 	e.running = make([]slotRecord, c.concurrency)
-	e.timers = make(map[*task]*time.Timer)
+	e.retries = retry.New[*task, *time.Timer]()
 	e.exileWake = make(chan struct{}, 1)
 	e.toggleWake = make(chan struct{}, 1)
 	e.commitWake = make(chan struct{}, 1)
@@ -306,10 +303,7 @@ func (e *engine) run(ctx context.Context) error {
 		e.limitWake.Stop()
 		e.limitWake = nil
 	}
-	for t, tm := range e.timers {
-		tm.Stop()
-		delete(e.timers, t)
-	}
+	e.retries.Forget(nil, stopRetry)
 	e.awake.WakeAll()
 	e.cond.Broadcast()
 	unfinished := e.buf.Pending()
