@@ -116,7 +116,7 @@ func (e *engine) runsOK(ps *partState) bool {
 	}
 	// wideHold == 0: openWide would count a held-off record otherwise,
 	// and enter counts it again.
-	return e.cost.WideOK() && (ps.wide || (ps.wideHold == 0 && e.openWide(ps)))
+	return e.cost.WideOK() && (ps.wide || (ps.wideHold == 0 && ps.openWide(e.cost.TinyOrUnmeasured())))
 }
 
 // enterRecords enters prepared records into ps's window: as runs where

@@ -49,7 +49,7 @@ import (
 // to its wide lane, or else to its key's lane or none, and reports whether
 // it may run now. Called with mu held.
 func (e *engine) admitKeyed(ps *partState, t *task) bool {
-	if !ps.wide && !e.openWide(ps) {
+	if !ps.wide && !ps.openWide(e.cost.TinyOrUnmeasured()) {
 		return e.cfg.ordering == Unordered || ps.lanes.Admit(t, e.laneOf(t))
 	}
 	if ps.lanes.AdmitWide(t) {
@@ -61,8 +61,8 @@ func (e *engine) admitKeyed(ps *partState, t *task) bool {
 
 // openWide opens ps's wide lane if the handler is tiny (or not measured
 // yet) and no lane of ps is busy. Called with mu held.
-func (e *engine) openWide(ps *partState) bool {
-	if !e.cost.TinyOrUnmeasured() || ps.lanes.Busy() != 0 {
+func (ps *partState) openWide(tiny bool) bool {
+	if !tiny || ps.lanes.Busy() != 0 {
 		return false
 	}
 	if ps.wideHold > 0 {
