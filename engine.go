@@ -35,12 +35,12 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //   - engine.mu, the pipeline's lock (with cond, the workers' wait on
 //     it): parts and the partStates in it, and every field after it. The
 //     rooms that are packages of their own (internal/cost, awake, buffer,
-//     settle, limits, retry, sched, window, limit, throttle) keep their state
-//     unexported, so only their methods, called by the engine under mu,
-//     change it; the rooms still embedded here (dispatch, pauses, the
-//     outputs waiting for a transaction) say which file works them. Held for
-//     bookkeeping only: no handler, hook, client call or log runs under
-//     it. Its word and what it guards change with every record, so the
+//     settle, limits, retry, sched, window, limit, throttle) keep their
+//     state unexported, so only their methods, called by the engine under
+//     mu, change it; the rooms still embedded here (dispatch, pauses, the
+//     outputs waiting for a transaction) say which file works them. Held
+//     for bookkeeping only: no handler, hook, client call or log runs
+//     under it. Its word and what it guards change with every record, so the
 //     fields before it, read by every worker, sit on other cache lines.
 //     Taken last: no other lock of the package is taken while holding it.
 //   - groupSource.commitMu (group.go): serialises commits from snapshot
@@ -56,8 +56,15 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //     holds and their lock renewals. Never nested with engine.mu.
 //   - attemptCtx.mu (attempt.go): one attempt context's cancellation and
 //     AfterFuncs, which run after it is released.
-//   - overloadLog.mu (overload.go): the overload spell's tallies; logs
-//     after releasing it.
+//   - overloadLog.mu (overload.go) and misconfigLog.mu
+//     (misconfigured.go): the overload and misconfiguration spells'
+//     tallies; each logs after releasing it.
+//   - lostWork.mu (lostwork.go): the finished offsets of lost partitions,
+//     kept for their next assignment; taken after engine.mu is released.
+//   - inFlight.mu (outputs.go): which output of a record failed first,
+//     and its error; the record is finished after it is released.
+//   - topicLimits.mu (toolarge.go): the cache of topics'
+//     max.message.bytes; never held across the request that fills it.
 //   - Consumer.mu (consumer.go), refusal.mu (ordering.go), goneNews.mu
 //     (topicwatch.go), RunMembers' errMu (members.go) and commitTxn's
 //     produce-error lock (txn.go): a field or two each, set and read.
