@@ -233,8 +233,9 @@ func (x *extra) toDeadLetters(levels int) bool {
 	return x.class == deadletter.ClassPermanent || x.level >= levels || x.retryRefused || x.hung
 }
 
-func (e *engine) letter(t *task) deadletter.Letter {
-	it := &t.Value
+// letter is the dead letter of the record of it, from its failure
+// history, for the consumer group (or share group) group.
+func (it *item) letter(group string) deadletter.Letter {
 	x := it.ext()
 	msg := ""
 	if x.lastErr != nil {
@@ -246,7 +247,7 @@ func (e *engine) letter(t *task) deadletter.Letter {
 	}
 	return deadletter.Letter{
 		Record:       it.original(),
-		Group:        e.cfg.letterGroup(),
+		Group:        group,
 		Class:        x.class,
 		Message:      msg,
 		Attempts:     it.totalAttempts(),
@@ -261,7 +262,7 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 	}
 	letters := make([]deadletter.Letter, len(ts))
 	for i, t := range ts {
-		letters[i] = e.letter(t)
+		letters[i] = t.Value.letter(e.cfg.letterGroup())
 	}
 	if e.out != nil && e.out.eos {
 		// They join the transaction that commits their records

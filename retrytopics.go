@@ -246,7 +246,7 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) (refused []*task,
 		// They join the transaction that commits their records.
 		for i, t := range ts {
 			x := t.Value.x
-			l := e.letter(t)
+			l := t.Value.letter(e.cfg.letterGroup())
 			x.outputs, x.outKind, x.outLetter = append(x.outputs, recs[i]), outRetry, &l
 		}
 	} else {
