@@ -63,13 +63,13 @@ type overloadLog struct {
 // machine a downstream short of capacity answers slowly, and that is not
 // an outage. Called with mu held.
 func (e *engine) limitDone(t *task, err error, timedOut bool, now time.Time) {
-	over := timedOut || IsOverloaded(err)
+	over := err != nil && (timedOut || IsOverloaded(err)) // no errors.As per success
 	breaker := !e.limits.Measures()
 	if breaker {
 		// A record suspected of hanging the downstream (hang.go) is not a
 		// sign of its overload: its timeouts do not slow the others down
 		// to probes, nor serialise the suspects behind one probe at a time.
-		over = over && err != nil && (t.Value.x == nil || !t.Value.x.hang.suspect)
+		over = over && (t.Value.x == nil || !t.Value.x.hang.suspect)
 	}
 	if !breaker || over || e.limits.Watching() {
 		now = time.Now()
