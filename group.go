@@ -141,7 +141,7 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		// commit metadata: ordering.go.)
 		defaults = append(defaults, kgo.Balancers(orderedBalancer{kgo.CooperativeStickyBalancer(), e.cfg.ordering}))
 	}
-	return e.cfg.groupClientOpts(defaults, e.consumedTopics(),
+	return e.cfg.groupClientOpts(defaults, e.retryTo.Consumed(),
 		kgo.OnPartitionsAssigned(g.onAssigned),
 		kgo.OnPartitionsRevoked(g.onRevoked),
 		kgo.OnPartitionsLost(g.onLost),
@@ -270,7 +270,7 @@ func (g *groupSource) admit(fs kgo.Fetches) {
 		if len(p.Records) == 0 {
 			return
 		}
-		if level := e.retryLevelOf(p.Topic); level > 0 {
+		if level := e.retryTo.LevelOf(p.Topic); level > 0 {
 			g.checkRetryHeaders(p.Records, level)
 		}
 		recs, meta := p.Records, e.prepare(p.Records)

@@ -36,7 +36,7 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 			}
 			e.parts[k] = &partState{
 				tp:        k,
-				level:     e.retryLevelOf(topic),
+				level:     e.retryTo.LevelOf(topic),
 				win:       window.New(e.cfg.windowRecords),
 				committed: -1,
 				metaLimit: e.cfg.commitMetadataBytes,
@@ -182,12 +182,7 @@ func (e *engine) dropLocked(ps *partState) {
 	wasPaused := e.buf.Drop(&ps.buf, ps.win.Pending()+ps.held.Len())
 	ps.held.reset()
 	ps.over.reset() // never admitted: the next owner fetches them
-	for t, tm := range e.timers {
-		if t.Value.part == ps {
-			tm.Stop()
-			delete(e.timers, t)
-		}
-	}
+	e.retries.Forget(func(t *task) bool { return t.Value.part == ps }, stopRetry)
 	if wasPaused {
 		e.toggleFetch(fetchToggle{ps, false, 0, false})
 	}
