@@ -324,6 +324,9 @@ func (g *groupSource) admitPartition(p kgo.FetchTopicPartition, recs []*kgo.Reco
 		}
 		ps.resumeAt = -1
 	}
+	if ps.firstAdmitted < 0 {
+		ps.firstAdmitted = meta[0].offset
+	}
 	e.acceptWithin(ps, recs, meta, len(p.Records))
 	return resetFrom, resetTo
 }

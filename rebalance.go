@@ -42,6 +42,8 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 				metaLimit: e.cfg.commitMetadataBytes,
 				skip:      finished[k],
 				resumeAt:  -1,
+				// firstAdmitted: set by the first fetch (admitPartition).
+				firstAdmitted: -1,
 			}
 			if at, ok := committed[k]; ok {
 				e.parts[k].resumeAt = at
