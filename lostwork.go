@@ -20,10 +20,11 @@ import (
 // the last committed offset it knew: the run from there (or from the first
 // record the assignment admitted, when none of its commits landed) to the
 // window start, the finished runs above it, and the finished offsets it
-// was told of at assignment whose records had not come again yet. When the partition is assigned to
-// it again in the same Run, those offsets join the finished set read from
-// the commit metadata, and their records are finished without running,
-// as a new owner skips what the metadata lists. Another member that gets
+// was told of at assignment whose records had not come again yet. When
+// the partition is assigned to it again in the same Run, those offsets
+// join the finished set read from the commit metadata, and their records
+// are finished without running, as a new owner skips what the metadata
+// lists. Another member that gets
 // the partition meanwhile cannot know them, which is the bound the design
 // already states (what finished within one commit spacing).
 
