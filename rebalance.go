@@ -56,6 +56,7 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 	e.mu.Unlock()
 	g.shareStale.Store(true)
 	if len(assigned) > 0 {
+		e.settleAfresh() // the group answers: commit without an outage's backoff
 		// An empty assignment (an idle member, or a rebalance that moved
 		// nothing here) still reaches the hooks: readiness counts it.
 		e.log.Info("kpar: partitions assigned", "assigned", assigned)
