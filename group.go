@@ -78,7 +78,9 @@ func (g *groupSource) settle(ctx context.Context) error {
 	if g.shareStale.Swap(false) {
 		g.learnQuota(ctx)
 	}
-	return g.commit(ctx, nil)
+	err := g.commit(ctx, nil)
+	g.heartbeatIfForgotten(err) // forgotten.go
+	return err
 }
 
 // settleEvery is CommitInterval, or longer while the member's share of
