@@ -2,8 +2,11 @@ package kpar
 
 import (
 	"errors"
+	"net"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // heartbeatIfForgotten makes a consumer-protocol member heartbeat at once
@@ -23,5 +26,23 @@ func (g *groupSource) heartbeatIfForgotten(err error) {
 	}
 	if errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.FencedMemberEpoch) {
 		g.cl.ForceRebalance() // in the consumer protocol: one full heartbeat now
+	}
+}
+
+// brokerBack drops the settle backoff when the client connects to a broker
+// (kgo.HookBrokerConnect): after an outage the next commit came up to 5s
+// after the broker was back, the backoff the outage had doubled, and a
+// consumer-protocol member the restarted broker forgot learned it only
+// from that commit (heartbeatIfForgotten) or its heartbeat; stopped
+// meanwhile, it failed its final commit. Connections are made once per
+// broker and again only after one broke, so this costs nothing while the
+// brokers are up.
+type brokerBack struct{ e *engine }
+
+var _ kgo.HookBrokerConnect = brokerBack{}
+
+func (b brokerBack) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		b.e.settleAfresh()
 	}
 }

@@ -147,6 +147,7 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		kgo.OnPartitionsAssigned(g.onAssigned),
 		kgo.OnPartitionsRevoked(g.onRevoked),
 		kgo.OnPartitionsLost(g.onLost),
+		kgo.WithHooks(brokerBack{e}), // forgotten.go
 	)
 }
 

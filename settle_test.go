@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // flakySettle is a source whose settles fail while failing is set.
@@ -43,6 +45,21 @@ func (f *flakySettle) settle(context.Context) error {
 // not after the backoff. A member whose first commit after the rejoin
 // waited 2s lost it to the broker's next kill (issue 35). Virtual time.
 func TestAnAssignmentDropsTheSettleBackoff(t *testing.T) {
+	testSettleBackoffDropped(t, (*engine).settleAfresh)
+}
+
+// TestABrokerConnectionDropsTheSettleBackoff: so does a connection to a
+// broker that succeeds (the broker is back), and a failed one does not.
+func TestABrokerConnectionDropsTheSettleBackoff(t *testing.T) {
+	testSettleBackoffDropped(t, func(e *engine) {
+		brokerBack{e}.OnBrokerConnect(kgo.BrokerMetadata{}, time.Millisecond, nil, errors.New("connection refused"))
+		brokerBack{e}.OnBrokerConnect(kgo.BrokerMetadata{}, time.Millisecond, nil, nil)
+	})
+}
+
+// testSettleBackoffDropped fails settles through a 30s outage, then checks
+// that after drop the next settle lands within one settleEvery.
+func testSettleBackoffDropped(t *testing.T, drop func(*engine)) {
 	synctest.Test(t, func(t *testing.T) {
 		src := &flakySettle{}
 		src.failing.Store(true)
@@ -62,11 +79,11 @@ func TestAnAssignmentDropsTheSettleBackoff(t *testing.T) {
 		}
 
 		src.failing.Store(false)
-		e.settleAfresh()
+		drop(e)
 		time.Sleep(src.settleEvery())
 		synctest.Wait()
 		if n := src.landed.Load(); n != 1 {
-			t.Fatalf("one settleEvery after settleAfresh: %d settles landed, want 1 (not after the outage's backoff)", n)
+			t.Fatalf("one settleEvery after the backoff was dropped: %d settles landed, want 1 (not after the outage's backoff)", n)
 		}
 	})
 }
