@@ -231,8 +231,8 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 	e.timers = make(map[*task]*time.Timer)
 	e.exileWake = make(chan struct{}, 1)
 	e.toggleWake = make(chan struct{}, 1)
-	e.commitWake = make(chan struct{}, 1)
 	e.settleReset = make(chan struct{}, 1)
+	e.commitWake = make(chan struct{}, 1)
 	if c.adaptive {
 		e.lim = limit.New(c.concurrency)
 	} else {
