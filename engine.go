@@ -184,6 +184,9 @@ type settling struct {
 	// settler when a request is new.
 	outcomes   settle.Outcomes
 	commitWake chan struct{}
+	// settleReset (capacity 1) drops the settler's backoff
+	// (settleAfresh); a channel, not guarded by mu.
+	settleReset chan struct{}
 	// pendingOutputs are the outputs of finished records that wait for the
 	// transaction that commits them (ExactlyOnce, txn.go), in the order
 	// the records finished.
@@ -223,6 +226,7 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 	e.retries = retry.New[*task, *time.Timer]()
 	e.exileWake = make(chan struct{}, 1)
 	e.toggleWake = make(chan struct{}, 1)
+	e.settleReset = make(chan struct{}, 1)
 	e.commitWake = make(chan struct{}, 1)
 	e.limits = newLimits(c)
 	e.cost = newHandlerCost(c, bh != nil, e.limits.Rated())

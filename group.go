@@ -78,7 +78,9 @@ func (g *groupSource) settle(ctx context.Context) error {
 	if g.shareStale.Swap(false) {
 		g.learnQuota(ctx)
 	}
-	return g.commit(ctx, nil)
+	err := g.commit(ctx, nil)
+	g.heartbeatIfForgotten(err) // forgotten.go
+	return err
 }
 
 // settleEvery is CommitInterval, or longer while the member's share of
@@ -145,6 +147,7 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		kgo.OnPartitionsAssigned(g.onAssigned),
 		kgo.OnPartitionsRevoked(g.onRevoked),
 		kgo.OnPartitionsLost(g.onLost),
+		kgo.WithHooks(brokerBack{e}), // forgotten.go
 	)
 }
 
@@ -323,6 +326,9 @@ func (g *groupSource) admitPartition(p kgo.FetchTopicPartition, recs []*kgo.Reco
 			resetFrom, resetTo = ps.resumeAt, first
 		}
 		ps.resumeAt = -1
+	}
+	if ps.firstAdmitted < 0 {
+		ps.firstAdmitted = meta[0].offset
 	}
 	e.acceptWithin(ps, recs, meta, len(p.Records))
 	return resetFrom, resetTo

@@ -42,6 +42,8 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 				metaLimit: e.cfg.commitMetadataBytes,
 				skip:      finished[k],
 				resumeAt:  -1,
+				// firstAdmitted: set by the first fetch (admitPartition).
+				firstAdmitted: -1,
 			}
 			if at, ok := committed[k]; ok {
 				e.parts[k].resumeAt = at
@@ -54,6 +56,7 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 	e.mu.Unlock()
 	g.shareStale.Store(true)
 	if len(assigned) > 0 {
+		e.settleAfresh() // the group answers: commit without an outage's backoff
 		// An empty assignment (an idle member, or a rebalance that moved
 		// nothing here) still reaches the hooks: readiness counts it.
 		e.log.Info("kpar: partitions assigned", "assigned", assigned)
