@@ -69,6 +69,11 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //     (topicwatch.go), RunMembers' errMu (members.go) and commitTxn's
 //     produce-error lock (txn.go): a field or two each, set and read.
 //
+// Owned by one goroutine, no lock: a worker (worker.go), each worker
+// goroutine's own state (its slot, the records it took, its estimate of
+// the handler's time, its shared attempt context); it reaches the engine's
+// state only under mu.
+//
 // Atomics, read without a lock: slots, overdue, closing.
 type engine struct {
 	// Set by newEngine; read-only afterwards: no field of engine is
@@ -268,7 +273,8 @@ func (e *engine) run(ctx context.Context) error {
 
 	var workers sync.WaitGroup
 	for i := range e.cfg.concurrency {
-		workers.Go(func() { e.worker(hctx, i) })
+		w := newWorker(e, i)
+		workers.Go(func() { w.run(hctx) })
 	}
 	var exiles sync.WaitGroup
 	if e.cfg.deadLetters != nil || len(e.cfg.retryTopics) > 0 {
