@@ -58,7 +58,9 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //     AfterFuncs, which run after it is released.
 //   - overloadLog.mu (overload.go) and misconfigLog.mu
 //     (misconfigured.go): the overload and misconfiguration spells'
-//     tallies; each logs after releasing it.
+//     tallies, worked only by their own methods (failed, recovered),
+//     which the workers call with the engine's logger; each logs after
+//     releasing it.
 //   - lostWork.mu (lostwork.go): the finished offsets of lost partitions,
 //     kept for their next assignment; taken after engine.mu is released.
 //   - inFlight.mu (outputs.go): which output of a record failed first,

@@ -420,8 +420,13 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	if pe, ok := err.(*PanicError); ok {
 		attrs = append(attrs, "stack", string(pe.Stack))
 	}
-	if !e.overloaded(err, attrs) {
+	switch {
+	case !IsOverloaded(err):
 		e.log.Warn("kpar: handler failed", attrs...)
+	case IsMisconfigured(err):
+		e.misconf.failed(e.log, err, attrs)
+	default:
+		e.over.failed(e.log, err, attrs)
 	}
 	if e.cfg.nowhereToGo(it, err) {
 		e.log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",
