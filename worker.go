@@ -19,7 +19,9 @@ const maxTake = 64
 // worker is one worker goroutine's own state. Run creates one per worker
 // goroutine and only that goroutine uses it, so it has no lock; it
 // reaches the engine's state through e, under e.mu as the engine's
-// methods do. slot is its index in the engine's running and slots.
+// methods do. slot is its index in the engine's running and slots. It is
+// padded to cache lines of its own: these fields were the goroutine's
+// locals, and two workers' on one line would make the cores trade it.
 type worker struct {
 	e    *engine
 	slot int
@@ -34,6 +36,8 @@ type worker struct {
 	// it is (nil when none).
 	fast   bool
 	shared *attemptCtx
+
+	_ [falseSharingPad]byte
 }
 
 func newWorker(e *engine, slot int) *worker {
