@@ -208,7 +208,10 @@ func (e *engine) watchdog(ctx context.Context, hard <-chan struct{}) {
 		case now := <-t.C:
 			e.overdue.Store(int64(e.slots.expire(now)))
 			e.detectStuck(now)
-			e.sampleAnswers(now)
+			e.mu.Lock()
+			finished, _, _ := e.outcomes.Tally()
+			e.hangs.sampleAnswers(finished, now)
+			e.mu.Unlock()
 		}
 	}
 }

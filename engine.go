@@ -58,7 +58,9 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //     AfterFuncs, which run after it is released.
 //   - overloadLog.mu (overload.go) and misconfigLog.mu
 //     (misconfigured.go): the overload and misconfiguration spells'
-//     tallies; each logs after releasing it.
+//     tallies, worked only by their own methods (failed, recovered),
+//     which the workers call with the engine's logger; each logs after
+//     releasing it.
 //   - lostWork.mu (lostwork.go): the finished offsets of lost partitions,
 //     kept for their next assignment; taken after engine.mu is released.
 //   - inFlight.mu (outputs.go): which output of a record failed first,
@@ -68,6 +70,11 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //   - Consumer.mu (consumer.go), refusal.mu (ordering.go), goneNews.mu
 //     (topicwatch.go), RunMembers' errMu (members.go) and commitTxn's
 //     produce-error lock (txn.go): a field or two each, set and read.
+//
+// Owned by one goroutine, no lock: a worker (worker.go), each worker
+// goroutine's own state (its slot, the records it took, its estimate of
+// the handler's time, its shared attempt context); it reaches the engine's
+// state only under mu.
 //
 // Atomics, read without a lock: slots, overdue, closing.
 type engine struct {
@@ -272,7 +279,8 @@ func (e *engine) run(ctx context.Context) error {
 
 	var workers sync.WaitGroup
 	for i := range e.cfg.concurrency {
-		workers.Go(func() { e.worker(hctx, i) })
+		w := newWorker(e, i)
+		workers.Go(func() { w.run(hctx) })
 	}
 	var exiles sync.WaitGroup
 	if e.cfg.deadLetters != nil || len(e.cfg.retryTopics) > 0 {

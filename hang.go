@@ -160,15 +160,13 @@ func (h *hangWatch) weakOutage(x *extra, now, until time.Time) bool {
 }
 
 // sampleAnswers notes when records were last handled successfully: at
-// every watchdog tick, from the count of finished records that were not
-// exiled (no clock reading per record).
-func (e *engine) sampleAnswers(now time.Time) {
-	e.mu.Lock()
-	finished, _, _ := e.outcomes.Tally()
-	if n := finished - e.hangs.exiledDone; n != e.hangs.succeeded {
-		e.hangs.succeeded, e.hangs.answered = n, now
+// every watchdog tick, from finished, the count of finished records, less
+// those that were exiled (no clock reading per record). Called with mu
+// held.
+func (h *hangWatch) sampleAnswers(finished int64, now time.Time) {
+	if n := finished - h.exiledDone; n != h.succeeded {
+		h.succeeded, h.answered = n, now
 	}
-	e.mu.Unlock()
 }
 
 // timeoutErr reports whether err is a timeout: a context's deadline, or an

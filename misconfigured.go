@@ -2,6 +2,7 @@ package kpar
 
 import (
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,11 +62,10 @@ type misconfigLog struct {
 	total    int        // failures of the spell
 }
 
-// misconfigured logs a failed attempt marked Misconfigured: the spell's
+// failed logs a failed attempt marked Misconfigured to log: the spell's
 // first in full, then one line every misconfigReport with the latest
 // error. attrs describe the attempt.
-func (e *engine) misconfigured(err error, attrs []any) {
-	m := &e.misconf
+func (m *misconfigLog) failed(log *slog.Logger, err error, attrs []any) {
 	now := time.Now()
 	m.mu.Lock()
 	if !m.active.Load() {
@@ -78,7 +78,7 @@ func (e *engine) misconfigured(err error, attrs []any) {
 		}
 		m.reported = now
 		m.mu.Unlock()
-		e.log.Error("kpar: the downstream refuses every attempt for a configuration error; records are held "+
+		log.Error("kpar: the downstream refuses every attempt for a configuration error; records are held "+
 			"(no attempt counted, nothing dead-lettered) and probed until it is fixed; this repeats every 10s while it lasts",
 			attrs...)
 		return
@@ -92,14 +92,13 @@ func (e *engine) misconfigured(err error, attrs []any) {
 	recent, since := m.recent, m.since
 	m.reported, m.recent, m.logged = now, 0, true
 	m.mu.Unlock()
-	e.log.Error("kpar: the downstream still refuses every attempt for a configuration error; records are held",
+	log.Error("kpar: the downstream still refuses every attempt for a configuration error; records are held",
 		"for", now.Sub(since).Round(time.Millisecond), "failed_attempts", recent, "err", err)
 }
 
-// misconfigRecovered ends a misconfiguration spell at a success. Called
-// for every success: an atomic load unless a spell is on.
-func (e *engine) misconfigRecovered(now time.Time) {
-	m := &e.misconf
+// recovered ends a misconfiguration spell at a success, and logs its end
+// to log if its beginning was logged.
+func (m *misconfigLog) recovered(log *slog.Logger, now time.Time) {
 	m.mu.Lock()
 	if !m.active.Load() {
 		m.mu.Unlock()
@@ -109,7 +108,7 @@ func (e *engine) misconfigRecovered(now time.Time) {
 	since, total, logged := m.since, m.total, m.logged
 	m.mu.Unlock()
 	if logged {
-		e.log.Info("kpar: the downstream's configuration error is over: attempts succeed again",
+		log.Info("kpar: the downstream's configuration error is over: attempts succeed again",
 			"refused_for", now.Sub(since).Round(time.Millisecond), "failed_attempts", total)
 	}
 }

@@ -1,6 +1,7 @@
 package kpar
 
 import (
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,19 +83,10 @@ func (e *engine) limitDone(t *task, err error, timedOut bool, now time.Time) {
 	}
 }
 
-// overloaded logs a failed attempt whose error is marked Overloaded, the
-// spell's first one in full and the rest in summaries, and reports whether
-// err was such an error (else the caller logs it). attrs describe the
-// attempt.
-func (e *engine) overloaded(err error, attrs []any) bool {
-	if !IsOverloaded(err) {
-		return false
-	}
-	if IsMisconfigured(err) {
-		e.misconfigured(err, attrs)
-		return true
-	}
-	o := &e.over
+// failed logs a failed attempt whose error is marked Overloaded (and not
+// Misconfigured: misconfigLog logs those), the spell's first one in full
+// and the rest in summaries, to log. attrs describe the attempt.
+func (o *overloadLog) failed(log *slog.Logger, err error, attrs []any) {
 	now := time.Now()
 	prev := o.last.Swap(now.UnixNano())
 	o.mu.Lock()
@@ -106,33 +98,40 @@ func (e *engine) overloaded(err error, attrs []any) bool {
 		o.succeeded.Store(false)
 		o.since, o.reported, o.recent, o.total = now, now, 0, 1
 		o.mu.Unlock()
-		e.log.Warn("kpar: downstream overloaded: an attempt failed with an error marked Overloaded; "+
+		log.Warn("kpar: downstream overloaded: an attempt failed with an error marked Overloaded; "+
 			"such attempts burn no retry, dispatching slows down to probes, and further ones are summarised every 10s", attrs...)
-		return true
+		return
 	}
 	o.recent++
 	o.total++
 	if now.Sub(o.reported) < overloadReport {
 		o.mu.Unlock()
-		return true
+		return
 	}
 	recent, since, in := o.recent, o.since, now.Sub(o.reported)
 	o.reported, o.recent = now, 0
 	o.mu.Unlock()
-	e.log.Warn("kpar: downstream still overloaded",
+	log.Warn("kpar: downstream still overloaded",
 		"for", now.Sub(since).Round(time.Millisecond), "failed_attempts", recent, "in", in.Round(time.Millisecond), "err", err)
-	return true
 }
 
-// recovered ends an overload spell when an attempt succeeded overloadEnds
-// after the latest overloaded failure, or succeeded while the breaker was
-// open (a probe: the outage is over, however soon the backlog drains).
-// Called for every success: it costs an atomic load unless a spell is on.
+// recovered ends a misconfiguration spell at a success, and an overload
+// spell as overloadLog.recovered says. Called for every success: two
+// atomic loads unless a spell is on.
 func (e *engine) recovered() {
 	if e.misconf.active.Load() {
-		e.misconfigRecovered(time.Now())
+		e.misconf.recovered(e.log, time.Now())
 	}
-	o := &e.over
+	if e.over.active.Load() {
+		e.over.recovered(e.log)
+	}
+}
+
+// recovered ends an overload spell, logging its end to log, when an
+// attempt succeeded overloadEnds after the latest overloaded failure, or
+// succeeded while the breaker was open (a probe: the outage is over,
+// however soon the backlog drains).
+func (o *overloadLog) recovered(log *slog.Logger) {
 	if !o.active.Load() {
 		return
 	}
@@ -144,20 +143,19 @@ func (e *engine) recovered() {
 	if quiet := now.UnixNano() - o.last.Load(); !o.probing.Load() && quiet < int64(overloadEnds) {
 		o.mu.Lock()
 		if o.quiet == nil && o.active.Load() && !o.stopped {
-			o.quiet = time.AfterFunc(overloadEnds-time.Duration(quiet), e.quietEnds)
+			o.quiet = time.AfterFunc(overloadEnds-time.Duration(quiet), func() { o.quietEnds(log) })
 		}
 		o.mu.Unlock()
 		return
 	}
-	e.endSpell(now)
+	o.endSpell(log, now)
 }
 
 // quietEnds ends the spell when its latest failure was followed by a
 // success and then by overloadEnds without an overload signal; after a
 // later failure it waits for that one's quiet, and with no success since
 // (the record is waiting out its backoff) the next success re-arms it.
-func (e *engine) quietEnds() {
-	o := &e.over
+func (o *overloadLog) quietEnds(log *slog.Logger) {
 	o.mu.Lock()
 	o.quiet = nil
 	now := time.Now()
@@ -167,17 +165,16 @@ func (e *engine) quietEnds() {
 		return
 	}
 	if wait := overloadEnds - time.Duration(now.UnixNano()-last); wait > 0 {
-		o.quiet = time.AfterFunc(wait, e.quietEnds)
+		o.quiet = time.AfterFunc(wait, func() { o.quietEnds(log) })
 		o.mu.Unlock()
 		return
 	}
 	o.mu.Unlock()
-	e.endSpell(now)
+	o.endSpell(log, now)
 }
 
-// endSpell logs the end of the spell, if one is on.
-func (e *engine) endSpell(now time.Time) {
-	o := &e.over
+// endSpell logs the end of the spell to log, if one is on.
+func (o *overloadLog) endSpell(log *slog.Logger, now time.Time) {
 	o.mu.Lock()
 	if !o.active.Load() {
 		o.mu.Unlock()
@@ -186,7 +183,7 @@ func (e *engine) endSpell(now time.Time) {
 	o.active.Store(false)
 	since, total := o.since, o.total
 	o.mu.Unlock()
-	e.log.Info("kpar: downstream recovered: attempts succeed again",
+	log.Info("kpar: downstream recovered: attempts succeed again",
 		"overloaded_for", now.Sub(since).Round(time.Millisecond), "failed_attempts", total)
 }
 

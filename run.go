@@ -162,10 +162,10 @@ func (e *engine) enterRun(ps *partState, recs []*kgo.Record, meta []recMeta) {
 // (with whether its attempt timed out). It leaves the records after a
 // failed one in the run: finishRun takes them back under mu, so a split
 // in between (the stuck guard's) takes them back instead, and they are
-// never out of both the run and the lanes. at is when the run started;
-// shared and fast are runEach's. Called without mu.
-func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, shared **attemptCtx, fast bool) (done int, err error, timedOut bool) {
-	run := t.Value.run
+// never out of both the run and the lanes. at is when the run started.
+// Called without mu.
+func (w *worker) runRun(ctx context.Context, t *task, at time.Time) (done int, err error, timedOut bool) {
+	e, run := w.e, t.Value.run
 	dispatchHooks, doneHooks := len(e.hooks.dispatched) > 0, len(e.hooks.done) > 0
 	e.stamp(t, at)
 	for {
@@ -175,7 +175,7 @@ func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, sh
 		}
 		r := run.recs[i]
 		started := at
-		if i > 0 && (*shared == nil || doneHooks) {
+		if i > 0 && (w.shared == nil || doneHooks) {
 			started = time.Now()
 		}
 		if i > 0 && dispatchHooks {
@@ -184,7 +184,7 @@ func (e *engine) runRun(ctx context.Context, slot int, t *task, at time.Time, sh
 			}
 		}
 		// t.Value.attempts is 1: a run is taken once (runs).
-		if err, timedOut = e.attempt(ctx, slot, t, r, started, shared, fast); err != nil {
+		if err, timedOut = w.attempt(ctx, t, r, started); err != nil {
 			return done, err, timedOut
 		}
 		e.recovered()

@@ -53,7 +53,7 @@ func takeRun(t *testing.T, e *engine, n int) *task {
 		t.Fatalf("ready %v; want one run", rt)
 	}
 	rt.Value.part.running++
-	e.runs(0, rt)
+	newWorker(e, 0).runs(rt)
 	for range n {
 		if _, ok := rt.Value.run.claim(); !ok {
 			t.Fatal("the run has too few records")

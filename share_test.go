@@ -656,7 +656,8 @@ func startWorkers(s *shareSource) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := range e.cfg.concurrency {
-		wg.Go(func() { e.worker(ctx, i) })
+		w := newWorker(e, i)
+		wg.Go(func() { w.run(ctx) })
 	}
 	wg.Go(func() { e.settler(ctx) })
 	return func() {

@@ -20,7 +20,7 @@ func wideEngine(t *testing.T, idle int) (*engine, *partState, []*task) {
 	t.Helper()
 	e, ps, ts := wideEngineReady(t, idle)
 	e.mu.Lock()
-	e.runs(0, e.ready.Pop())
+	newWorker(e, 0).runs(e.ready.Pop())
 	e.mu.Unlock()
 	return e, ps, ts
 }
@@ -126,7 +126,7 @@ func TestWideLaneSplitsBehindAStuckRecordOrForAnIdleWorker(t *testing.T) {
 			if e.guard != nil || !ps.wide {
 				t.Fatalf("guard armed %v, wide %v; want the guard stopped and the lane kept", e.guard != nil, ps.wide)
 			}
-			e.runs(0, e.ready.Pop())
+			newWorker(e, 0).runs(e.ready.Pop())
 			if e.guard == nil {
 				t.Fatal("the wide lane's first record started with records behind it and the guard not armed")
 			}

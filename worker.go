@@ -16,13 +16,36 @@ import (
 // time and passes through the outer loop.
 const maxTake = 64
 
-func (e *engine) worker(ctx context.Context, slot int) {
-	var (
-		batch []*task
-		recs  []*kgo.Record
-		// perRecord estimates this worker's handler time per record.
-		perRecord = time.Hour
-	)
+// worker is one worker goroutine's own state. Run creates one per worker
+// goroutine and only that goroutine uses it, so it has no lock; it
+// reaches the engine's state through e, under e.mu as the engine's
+// methods do. slot is its index in the engine's running and slots. It is
+// padded to cache lines of its own: these fields were the goroutine's
+// locals, and two workers' on one line would make the cores trade it.
+type worker struct {
+	e    *engine
+	slot int
+	// batch is what the worker took to run: one record, or the batch
+	// handler's batch; recs are the batch's records, for the handler.
+	batch []*task
+	recs  []*kgo.Record
+	// perRecord estimates this worker's handler time per record.
+	perRecord time.Duration
+	// fast says the handler is fast (cost.WorkerFast of perRecord), for
+	// one runEach; shared is the attempt context its records share while
+	// it is (nil when none).
+	fast   bool
+	shared *attemptCtx
+
+	_ [falseSharingPad]byte
+}
+
+func newWorker(e *engine, slot int) *worker {
+	return &worker{e: e, slot: slot, perRecord: time.Hour}
+}
+
+func (w *worker) run(ctx context.Context) {
+	e := w.e
 	e.mu.Lock()
 	for {
 		for (e.ready.Len() == 0 || e.limited() || e.awakeExcess() > 0) && !e.stop {
@@ -39,23 +62,23 @@ func (e *engine) worker(ctx context.Context, slot int) {
 			e.mu.Unlock()
 			return
 		}
-		batch = e.take(batch[:0])
-		if len(batch) == 0 {
+		w.batch = e.take(w.batch[:0])
+		if len(w.batch) == 0 {
 			continue
 		}
 		if e.batch == nil {
-			e.runs(slot, batch[0])
+			w.runs(w.batch[0])
 		}
 		e.mu.Unlock()
 
 		// Both return with mu held, so the last finish and the next take
 		// share one lock round trip.
 		if e.batch != nil {
-			e.runBatch(ctx, slot, batch, &recs)
+			w.runBatch(ctx)
 		} else {
-			perRecord = e.runEach(ctx, slot, batch[0], perRecord)
-			batch[0] = nil
-			e.cost.Measured(perRecord)
+			w.runEach(ctx, w.batch[0])
+			w.batch[0] = nil
+			e.cost.Measured(w.perRecord)
 		}
 	}
 }
@@ -64,27 +87,28 @@ func (e *engine) worker(ctx context.Context, slot int) {
 // caller), then on the records this worker takes next: one at a time, each
 // taken in the lock round trip that finishes the one before, so a worker
 // never holds a record that another could run while its handler is slow.
-// It returns with mu held and the updated estimate of the handler's time
-// per record.
-func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord time.Duration) time.Duration {
+// It returns with mu held, having updated the estimate of the handler's
+// time per record.
+func (w *worker) runEach(ctx context.Context, first *task) {
+	e, slot := w.e, w.slot
 	start := time.Now()
 	// A fast handler's records share one attempt context and one clock
 	// reading, which would otherwise cost more than the handler. If the
 	// shared context is cancelled (the run went past AttemptTimeout), the
 	// rest get contexts of their own.
-	fast := cost.WorkerFast(perRecord)
-	var shared *attemptCtx
+	w.fast = cost.WorkerFast(w.perRecord)
+	fast := w.fast
 	at := start
 	ran, steps := 0, 0 // records run, and tasks (a run is one)
 	t := first
 	for {
-		if shared == nil && ran > 0 {
+		if w.shared == nil && ran > 0 {
 			at = time.Now()
 		}
 		steps++
 		var next *task
 		if t.Value.run != nil {
-			done, err, timedOut := e.runRun(ctx, slot, t, at, &shared, fast)
+			done, err, timedOut := w.runRun(ctx, t, at)
 			ran += done
 			var backoff time.Duration
 			if err != nil {
@@ -97,7 +121,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 		} else {
 			ran++
 			e.stamp(t, at)
-			err, timedOut := e.attempt(ctx, slot, t, t.Value.original(), at, &shared, fast)
+			err, timedOut := w.attempt(ctx, t, t.Value.original(), at)
 			if err == errOutputsInFlight {
 				// Its outputs' acknowledgement finishes it (outputs.go).
 				e.mu.Lock()
@@ -116,7 +140,7 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 				next.Value.part.running++
 				e.limits.Took(1)
 				t = next
-				e.runs(slot, t)
+				w.runs(t)
 				e.mu.Unlock()
 				continue
 			}
@@ -131,30 +155,33 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			break
 		}
 		t = taken[0]
-		e.runs(slot, t)
+		w.runs(t)
 		e.mu.Unlock()
 	}
-	if shared != nil {
+	if w.shared != nil {
 		e.slots[slot].Store(nil)
+		w.shared = nil
 	}
 	took := time.Since(start) / time.Duration(max(ran, 1))
-	if perRecord > time.Minute {
-		return took
+	if w.perRecord > time.Minute {
+		w.perRecord = took
+		return
 	}
-	return (perRecord*3 + took) / 4
+	w.perRecord = (w.perRecord*3 + took) / 4
 }
 
 // attempt runs the handler on r, the record of task t or one of t's run,
 // from at: in the worker's shared attempt context while the handler is
 // fast (and that context was not cancelled), else in one of its own.
 // Called without mu.
-func (e *engine) attempt(ctx context.Context, slot int, t *task, r *kgo.Record, at time.Time, shared **attemptCtx, fast bool) (err error, timedOut bool) {
-	actx := *shared
+func (w *worker) attempt(ctx context.Context, t *task, r *kgo.Record, at time.Time) (err error, timedOut bool) {
+	e := w.e
+	actx := w.shared
 	if actx == nil {
 		actx = &attemptCtx{Context: ctx, deadline: at.Add(e.cfg.attemptTimeout), task: t, attempt: t.Value.attempts, emit: e.out != nil}
-		e.slots[slot].Store(actx)
-		if fast {
-			*shared = actx
+		e.slots[w.slot].Store(actx)
+		if w.fast {
+			w.shared = actx
 		}
 	}
 	err = callHandler(actx, e.handler, r)
@@ -162,31 +189,32 @@ func (e *engine) attempt(ctx context.Context, slot int, t *task, r *kgo.Record, 
 		err = e.handOver(ctx, t, actx, at, err)
 	}
 	timedOut = err != nil && err != errOutputsInFlight && actx.timedOut()
-	if actx != *shared || actx.Err() != nil {
-		e.slots[slot].Store(nil)
-		*shared = nil
+	if actx != w.shared || actx.Err() != nil {
+		e.slots[w.slot].Store(nil)
+		w.shared = nil
 	}
 	return err, timedOut
 }
 
-// runBatch runs the batch handler once on every taken record and returns
-// with mu held.
-func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]*kgo.Record) {
+// runBatch runs the batch handler once on every record the worker took
+// and returns with mu held.
+func (w *worker) runBatch(ctx context.Context) {
+	e, batch := w.e, w.batch
 	start := time.Now()
-	*recs = (*recs)[:0]
+	w.recs = w.recs[:0]
 	for _, t := range batch {
 		e.dispatched(t, start)
-		*recs = append(*recs, t.Value.original())
+		w.recs = append(w.recs, t.Value.original())
 	}
 	actx := &attemptCtx{Context: ctx, deadline: start.Add(e.cfg.attemptTimeout), task: batch[0], attempt: batch[0].Value.attempts, emit: e.out != nil}
-	e.slots[slot].Store(actx)
-	err := e.callBatch(actx, *recs)
+	e.slots[w.slot].Store(actx)
+	err := e.callBatch(actx, w.recs)
 	if e.out != nil {
 		// The batch's outputs go with its last record, which finishes
 		// with the others in one round of the lock below.
 		err = e.emitted(ctx, batch[len(batch)-1], actx, err)
 	}
-	e.slots[slot].Store(nil)
+	e.slots[w.slot].Store(nil)
 	timedOut := err != nil && actx.timedOut()
 	backoffs := make([]time.Duration, len(batch))
 	for i, t := range batch {
@@ -215,7 +243,7 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 		batch[i] = nil
 	}
 	e.wake(handedOver - 1) // this worker takes one itself
-	clear(*recs)
+	clear(w.recs)
 }
 
 // take pops the record this worker runs next and marks it running: one,
@@ -312,12 +340,14 @@ func isLaned(o Order, t *task) bool {
 	return t.Value.x == nil && (o == ByPartition || (o == ByKey && t.Value.lane != 0))
 }
 
-// runs marks t as the record worker slot runs next and counts its attempt,
-// so that a stuck report reads both under mu, and has the stuck guard
-// watch t if records wait behind it on a wide lane. Called with mu held.
-func (e *engine) runs(slot int, t *task) {
+// runs marks t as the record this worker runs next and counts its
+// attempt, so that a stuck report reads both under mu, and has the stuck
+// guard watch t if records wait behind it on a wide lane. Called with mu
+// held.
+func (w *worker) runs(t *task) {
+	e := w.e
 	t.Value.attempts++
-	e.running[slot] = slotRecord{t, e.awake.Stamp()}
+	e.running[w.slot] = slotRecord{t, e.awake.Stamp()}
 	if t.Wide() && (t.Value.part.lanes.WideParked() > 0 || t.Value.run != nil) {
 		e.armGuard() // the stuck guard watches: records wait behind this one
 	}
@@ -394,8 +424,13 @@ func (e *engine) observe(t *task, err error) time.Duration {
 	if pe, ok := err.(*PanicError); ok {
 		attrs = append(attrs, "stack", string(pe.Stack))
 	}
-	if !e.overloaded(err, attrs) {
+	switch {
+	case !IsOverloaded(err):
 		e.log.Warn("kpar: handler failed", attrs...)
+	case IsMisconfigured(err):
+		e.misconf.failed(e.log, err, attrs)
+	default:
+		e.over.failed(e.log, err, attrs)
 	}
 	if e.cfg.nowhereToGo(it, err) {
 		e.log.Error("kpar: record failed every attempt and there is no dead-letter sink; retrying it until it succeeds (set DeadLetters to move on)",

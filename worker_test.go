@@ -43,9 +43,11 @@ func TestWorkerChainsNoRecordAfterStop(t *testing.T) {
 	if len(taken) != 1 {
 		t.Fatalf("took %d records, want the lane's first", len(taken))
 	}
-	e.runs(0, taken[0])
+	w := newWorker(e, 0)
+	w.perRecord = time.Microsecond // cheap: it chains
+	w.runs(taken[0])
 	e.mu.Unlock()
-	e.runEach(t.Context(), 0, taken[0], time.Microsecond) // cheap: it chains
+	w.runEach(t.Context(), taken[0])
 	e.mu.Unlock()
 	if n := ran.Load(); n != 2 {
 		t.Fatalf("the worker ran %d records; want 2: none after the stop", n)
