@@ -80,10 +80,13 @@ member that stops without leaving (kill -9) keeps its partitions until its
 share session expires (--share-session-timeout), and the records it acquired
 until then or until their locks expire. As in Kafka, a share group starts at
 the newest record unless the group's share.auto.offset.reset is earliest;
-kpar forward --share-group sets that on a group that has none. Consumer groups of the consumer protocol (KIP-848,
-kpar forward --group-protocol consumer) get their session timeout and
-heartbeat interval from the broker: --consumer-session-timeout and
---consumer-heartbeat-interval.
+kpar forward --share-group sets that on a group that has none. Consumer
+groups of the consumer protocol (KIP-848, kpar forward --group-protocol
+consumer) get their session timeout and heartbeat interval from the broker:
+--consumer-session-timeout and --consumer-heartbeat-interval. Group members
+are saved only on a clean stop: after a kill -9 the broker has forgotten
+them, their commits are refused (UNKNOWN_MEMBER_ID) and they rejoin from the
+last commit that landed.
 
 Share groups and --data-dir: the broker saves a share group's progress
 (which records were acknowledged) only when it stops on SIGINT or SIGTERM.
