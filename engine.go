@@ -51,6 +51,9 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //   - topicIDCache.mu (topicids.go, groupSource.ids): the transactional
 //     commit's cache of topic IDs, for map operations only; the metadata
 //     request that fills a miss runs without it.
+//   - lostWork.mu (lostwork.go, groupSource.lost): the finished work, and
+//     ExactlyOnce's outputs, of lost partitions, for map operations only;
+//     taken after engine.mu is released, nothing taken under it.
 //   - shareSource.mu (sharesource.go): the records a share-group member
 //     holds and their lock renewals. Never nested with engine.mu.
 //   - attemptCtx.mu (attempt.go): one attempt context's cancellation and

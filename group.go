@@ -45,6 +45,9 @@ type groupSource struct {
 	// lost keeps what was finished on partitions lost without a commit,
 	// for when they come back (lostwork.go).
 	lost lostWork
+	// inTxn is the records whose outputs the transaction in flight holds
+	// (txn.go), for what a loss keeps (lostwork.go). Guarded by engine.mu.
+	inTxn []outputInTxn
 	// sizer shrinks the fetch sizes by the records' compression
 	// (fetchsize.go).
 	sizer fetchSizer

@@ -3,11 +3,15 @@ package kpar
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/kpar/kpar/internal/offsetmeta"
@@ -81,5 +85,155 @@ func TestAWindowOfRecordsFinishedBeforeStillRefills(t *testing.T) {
 	}
 	if rep := l.Report(); rep.Handled != want || rep.Duplicates != 0 {
 		t.Fatalf("%+v, want %d handled once each", rep, want)
+	}
+}
+
+// lossHooks closes lost when the member loses partitions and back when
+// it is assigned some after that.
+type lossHooks struct {
+	mu         sync.Mutex
+	lost, back chan struct{}
+	wasLost    bool
+}
+
+func (h *lossHooks) OnPartitionsAssigned(assigned map[string][]int32) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.wasLost && len(assigned) > 0 && h.back != nil {
+		close(h.back)
+		h.back = nil
+	}
+}
+
+func (h *lossHooks) OnPartitionsRevoked(_ map[string][]int32, lost bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if lost && !h.wasLost {
+		h.wasLost = true
+		close(h.lost)
+	}
+}
+
+// TestExactlyOnceKeepsTheOutputsOfALostPartition: with ExactlyOnce, a
+// member that loses its partitions while no transaction can commit (their
+// offset commits refused) keeps the records it finished and their
+// outputs; given the partitions back with the commit unchanged, it handles
+// none of those records again, and their outputs are committed with the
+// offsets that cover them: each input's output is read exactly once,
+// read_committed.
+func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
+	const n = 400
+	c := newFakeCluster(t, "injects broker faults", "in", 2)
+	createTopic(t, c, "out", 2)
+	l := invariant.New(invariant.ByKey, n)
+	produce(t, c, "in", n/2, 20, l.Produced)
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if err := Emit(ctx, outputOf("out", r)); err != nil {
+			return err
+		}
+		l.Handled(r)
+		return nil
+	})
+	hooks := &lossHooks{lost: make(chan struct{}), back: make(chan struct{})}
+	back := hooks.back
+	cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(4), WithHooks(hooks))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	awaitCommitted := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			committed, end := offsets(t, c, "g", "in")
+			done := true
+			for p, o := range end {
+				done = done && committed[p] == o
+			}
+			if done {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: committed %v of %v", what, committed, end)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the broker's offsets
+		}
+	}
+	waitFor(t, l.Reached(n/2), 30*time.Second, "the first half handled")
+	awaitCommitted("the first half")
+
+	// No transaction commits from here until the partitions are back.
+	refused := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: kerr.UnknownServerError, Count: -1})
+	produceRange(t, c, "in", n/2, n, 20, l.Produced)
+	waitFor(t, l.Reached(n), 30*time.Second, "every record handled, none committed")
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID})
+	waitFor(t, hooks.lost, 30*time.Second, "the partitions lost")
+	waitFor(t, back, 30*time.Second, "the partitions assigned again")
+	refused.Remove()
+	awaitCommitted("every record")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rep := l.Report(); rep.Handled != n || rep.Duplicates != 0 {
+		t.Errorf("%+v: want each of the %d records handled once: those finished before the loss are finished still", rep, n)
+	}
+	checkOutputs(t, l, readOutputs(t, c, "out", n, 30*time.Second), true)
+}
+
+// TestExactlyOnceLostWorkNeedsTheCommitItKnew: what ExactlyOnce kept of a
+// lost partition is taken only when the group's commit is still the one
+// the member knew at the loss, offset and metadata: any other may hold
+// the outputs of the kept records. The records whose outputs a
+// transaction in flight at the loss held are finished only once it gave
+// them back (aborted); the kept outputs are bounded.
+func TestExactlyOnceLostWorkNeedsTheCommitItKnew(t *testing.T) {
+	k := tp{topic: "t", partition: 1}
+	old, now := &partState{tp: k}, &partState{tp: k}
+	out := func(ps *partState, offset int64) pendingOutput {
+		return pendingOutput{ps: ps, offset: offset, in: &kgo.Record{Offset: offset}, recs: []*kgo.Record{{Value: []byte("x")}}}
+	}
+	kept := func() *keptTxn {
+		return &keptTxn{
+			from: old, base: 100, baseMeta: "m",
+			runs:    []offsetmeta.Run{{From: 100, To: 110}},
+			outs:    []pendingOutput{out(old, 104), out(old, 101)},
+			waiting: map[int64]struct{}{105: {}, 106: {}},
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		at   int64
+		meta string
+	}{{"another offset", 103, "m"}, {"other metadata", 100, "m2"}} {
+		var l lostWork
+		l.keepTxn(k, kept(), 1<<20)
+		if runs, outs := l.takeTxn(k, now, nil, tc.at, tc.meta); runs != nil || outs != nil {
+			t.Errorf("%s: take = %v %d outputs, want nothing", tc.name, runs, len(outs))
+		}
+	}
+
+	var l lostWork
+	l.keepTxn(k, kept(), 1<<20)
+	l.returned([]pendingOutput{out(old, 105), out(now, 106), out(old, 107)}, 1<<20)
+	runs, outs := l.takeTxn(k, now, []offsetmeta.Run{{From: 120, To: 130}}, 100, "m")
+	if want := []offsetmeta.Run{{From: 100, To: 106}, {From: 107, To: 110}, {From: 120, To: 130}}; !slices.Equal(runs, want) {
+		t.Errorf("take = %v, want %v: 106 is still in the transaction", runs, want)
+	}
+	var offs []int64
+	for _, o := range outs {
+		offs = append(offs, o.offset)
+		if o.ps != now {
+			t.Errorf("output of %d names the lost state, want the new one", o.offset)
+		}
+	}
+	if want := []int64{101, 104, 105}; !slices.Equal(offs, want) {
+		t.Errorf("outputs of %v, want %v in offset order", offs, want)
+	}
+	if l.txnBytes != 0 {
+		t.Errorf("%d bytes left kept after the take", l.txnBytes)
+	}
+
+	l.keepTxn(k, kept(), 10)
+	if runs, _ := l.takeTxn(k, now, nil, 100, "m"); runs != nil {
+		t.Errorf("take = %v, want nothing kept past the bound", runs)
 	}
 }

@@ -20,6 +20,7 @@ import (
 // record's dead letter in their place.
 type pendingOutput struct {
 	ps       *partState
+	offset   int64 // the record's (the batch's last) offset in ps
 	recs     []*kgo.Record
 	in       *kgo.Record // the input, as its handler saw it
 	attempts int
@@ -45,7 +46,7 @@ func (e *engine) pendOutputs(ps *partState, t *task) {
 		return
 	}
 	e.pendingOutputs = append(e.pendingOutputs, pendingOutput{
-		ps: ps, recs: x.outputs, in: t.Value.original(), attempts: t.Value.totalAttempts(),
+		ps: ps, offset: t.Value.rec.Offset, recs: x.outputs, in: t.Value.original(), attempts: t.Value.totalAttempts(),
 		kind: x.outKind, letter: x.outLetter,
 	})
 	x.outputs, x.outLetter = nil, nil
@@ -138,6 +139,7 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 		e.mu.Lock()
 		todo := g.snapshotLocked(only)
 		outs := e.takeOutputs()
+		g.inTxn = inTxnOf(outs)
 		e.mu.Unlock()
 		if len(outs) == 0 {
 			if len(todo) == 0 {
@@ -147,16 +149,21 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 			return err
 		}
 		refitted, err := g.transact(ctx, member, todo, outs)
+		e.mu.Lock()
+		g.inTxn = nil
 		if err == nil {
+			e.mu.Unlock()
 			return nil
 		}
-		e.mu.Lock()
-		e.putBackOutputs(outs)
+		lost := e.putBackOutputs(outs)
 		again := refitted && attempt < maxRefitAttempts && ctx.Err() == nil
 		if !again {
 			e.askCommit() // try again after the settler's backoff
 		}
 		e.mu.Unlock()
+		if len(lost) > 0 {
+			g.lost.returned(lost, e.cfg.maxBytes)
+		}
 		if !again {
 			return err
 		}
@@ -184,9 +191,37 @@ func (e *engine) takeOutputs() []pendingOutput {
 }
 
 // putBackOutputs puts the outputs of a failed transaction back in front of
-// those that came since. Called with mu held.
-func (e *engine) putBackOutputs(outs []pendingOutput) {
-	e.pendingOutputs = append(outs, e.pendingOutputs...)
+// those that came since, and returns those of partitions lost while it
+// ran, for what was kept of them (lostwork.go). Called with mu held.
+func (e *engine) putBackOutputs(outs []pendingOutput) (lost []pendingOutput) {
+	live := outs[:0]
+	for _, o := range outs {
+		if o.ps.status == dropped {
+			lost = append(lost, o)
+		} else {
+			live = append(live, o)
+		}
+	}
+	e.pendingOutputs = append(live, e.pendingOutputs...)
+	return lost
+}
+
+// outputInTxn is an output a transaction in flight holds: its record.
+type outputInTxn struct {
+	ps     *partState
+	offset int64
+}
+
+// inTxnOf is the records whose outputs are outs.
+func inTxnOf(outs []pendingOutput) []outputInTxn {
+	if len(outs) == 0 {
+		return nil
+	}
+	in := make([]outputInTxn, len(outs))
+	for i, o := range outs {
+		in[i] = outputInTxn{o.ps, o.offset}
+	}
+	return in
 }
 
 // transact runs one transaction: the outputs, then the commit of todo
