@@ -2,9 +2,11 @@ package kpar
 
 import (
 	"cmp"
+	"context"
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kpar/kpar/internal/offsetmeta"
 )
@@ -38,11 +40,14 @@ import (
 // the window, which then covers their inputs, as for a record that just
 // ran. Another commit (the member's own transaction landed after all, or
 // another member handled the partition) drops what was kept: those
-// records run again, as before. Not kept, so run again: the records of a
-// batch handler (a batch's outputs are the batch's), those whose outputs
-// are a dead letter or a retry-topic record, and those whose outputs a
-// transaction in flight at the loss held, until it aborts (returned).
-// The kept outputs are bounded by MaxBufferedBytes, in all.
+// records run again, as before. The outputs a transaction in flight at the
+// loss held are kept once it aborted without asking to commit (returned,
+// or regain when the partition came back first: the assignment waits up to
+// lostOutputsWait for it). Not kept, so run again: the records of a batch
+// handler (a batch's outputs are the batch's), those whose outputs are a
+// dead letter or a retry-topic record, and those whose transaction asked to
+// commit and failed (it may have committed after all). The kept outputs are
+// bounded by MaxBufferedBytes, in all.
 
 // lostWork is the finished offsets of lost partitions, kept until they are
 // assigned again. Its own lock, the innermost: the rebalance callbacks run
@@ -164,10 +169,10 @@ func (l *lostWork) returned(outs []pendingOutput, limit int64) {
 
 // takeTxn returns and forgets what ExactlyOnce kept of k, for ps, assigned
 // again: the finished set of the commit metadata (from) with the kept
-// offsets, and their outputs, in offset order, naming ps. Only when the
+// offsets, and what ps keeps of them (nil for nothing). Only when the
 // group's commit is still the one the member knew at the loss (committed,
 // meta): any other commit may hold the outputs of these records.
-func (l *lostWork) takeTxn(k tp, ps *partState, from []offsetmeta.Run, committed int64, meta string) ([]offsetmeta.Run, []pendingOutput) {
+func (l *lostWork) takeTxn(k tp, ps *partState, from []offsetmeta.Run, committed int64, meta string) ([]offsetmeta.Run, *regained) {
 	l.mu.Lock()
 	w := l.txn[k]
 	if w != nil {
@@ -188,15 +193,78 @@ func (l *lostWork) takeTxn(k tp, ps *partState, from []offsetmeta.Run, committed
 		r.From = max(r.From, committed)
 		out = append(out, r)
 	}
-	outs := w.outs[:0]
+	g := &regained{from: w.from, waiting: w.waiting}
 	for _, o := range w.outs {
 		if inRuns(out, o.offset) {
 			o.ps = ps
-			outs = append(outs, o)
+			g.outs = append(g.outs, o)
 		}
 	}
-	slices.SortStableFunc(outs, func(a, b pendingOutput) int { return cmp.Compare(a.offset, b.offset) })
-	return out, outs
+	slices.SortStableFunc(g.outs, func(a, b pendingOutput) int { return cmp.Compare(a.offset, b.offset) })
+	if len(g.outs) == 0 && len(g.waiting) == 0 {
+		g = nil
+	}
+	return out, g
+}
+
+// awaitLostOutputs waits, up to lostOutputsWait, for the transaction in
+// flight when the member lost some of assigned to end, when it held
+// outputs of theirs: aborted, it gives them back (returned), and their
+// records need not run again. Called by onAssigned, without engine.mu: the
+// transaction takes it to end, and calls nothing that waits for the
+// group's callbacks.
+func (g *groupSource) awaitLostOutputs(ctx context.Context, assigned map[string][]int32) {
+	if !g.lost.waiting(assigned) {
+		return
+	}
+	g.e.mu.Lock()
+	ended := g.txnEnded
+	g.e.mu.Unlock()
+	if ended == nil {
+		return
+	}
+	t := time.NewTimer(lostOutputsWait)
+	defer t.Stop()
+	select {
+	case <-ended:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// lostOutputsWait bounds how long an assignment waits for the transaction
+// that held outputs of its partitions when they were lost (after a broker
+// outage it is refused within a round trip of the broker's return): past
+// it, their records run again.
+const lostOutputsWait = 5 * time.Second
+
+// waiting reports whether what was kept of any of assigned waits for
+// outputs a transaction in flight at the loss held.
+func (l *lostWork) waiting(assigned map[string][]int32) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			if w := l.txn[tp{topic: topic, partition: p}]; w != nil && len(w.waiting) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// regained is what a partition assigned again keeps of its loss
+// (ExactlyOnce, partState.kept).
+type regained struct {
+	// outs are the outputs of records in skip, in offset order: they wait
+	// for a transaction once their record enters (keptOutputsAt).
+	outs []pendingOutput
+	// from is the lost state, and waiting the offsets whose outputs the
+	// transaction in flight at the loss still held when the partition
+	// came back: if it aborts before their records enter, they enter
+	// finished after all (regain).
+	from    *partState
+	waiting map[int64]struct{}
 }
 
 // keptOutputsAt puts the kept outputs of the record at offset, which just
@@ -204,16 +272,46 @@ func (l *lostWork) takeTxn(k tp, ps *partState, from []offsetmeta.Run, committed
 // transaction, and drops those of offsets below it (records no longer
 // there). Called with engine.mu held.
 func (e *engine) keptOutputsAt(ps *partState, offset int64) {
-	for len(ps.keptOuts) > 0 && ps.keptOuts[0].offset <= offset {
-		if o := ps.keptOuts[0]; o.offset == offset {
+	k := ps.kept
+	for len(k.outs) > 0 && k.outs[0].offset <= offset {
+		if o := k.outs[0]; o.offset == offset {
 			e.pendingOutputs = append(e.pendingOutputs, o)
 		}
-		ps.keptOuts[0] = pendingOutput{}
-		ps.keptOuts = ps.keptOuts[1:]
+		k.outs[0] = pendingOutput{}
+		k.outs = k.outs[1:]
 	}
-	if len(ps.keptOuts) == 0 {
-		ps.keptOuts = nil
+	if len(k.outs) == 0 && len(k.waiting) == 0 {
+		ps.kept = nil
 	}
+}
+
+// regain finishes, with their outputs, the records of partitions lost and
+// assigned again whose outputs a transaction in flight at the loss held:
+// it aborted without asking to commit (so none of outs is visible), and
+// their records have not entered the window yet. It returns the outputs
+// of partitions not assigned again yet, for what was kept of them
+// (lostWork.returned). Called with engine.mu held.
+func (e *engine) regain(outs []pendingOutput) (rest []pendingOutput) {
+	for _, o := range outs {
+		ps := e.parts[o.ps.tp]
+		if ps == nil || ps.kept == nil || ps.kept.from != o.ps {
+			rest = append(rest, o)
+			continue
+		}
+		k := ps.kept
+		if _, ok := k.waiting[o.offset]; !ok {
+			continue
+		}
+		delete(k.waiting, o.offset)
+		if o.kind != outHandler || ps.status != live || o.offset < ps.win.End() {
+			continue // a dead letter now, or its record entered: it runs again
+		}
+		ps.skip = mergeRuns(ps.skip, []offsetmeta.Run{{From: o.offset, To: o.offset + 1}})
+		o.ps = ps
+		i, _ := slices.BinarySearchFunc(k.outs, o.offset, func(x pendingOutput, off int64) int { return cmp.Compare(x.offset, off) })
+		k.outs = slices.Insert(k.outs, i, o)
+	}
+	return rest
 }
 
 // withoutOffsets is runs with the offsets in offs taken out.

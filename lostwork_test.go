@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/kpar/kpar/internal/offsetmeta"
+	"github.com/kpar/kpar/internal/window"
 )
 
 // TestLostWorkJoinsTheCommittedFinishedSet: what a member finished on a
@@ -115,68 +117,117 @@ func (h *lossHooks) OnPartitionsRevoked(_ map[string][]int32, lost bool) {
 }
 
 // TestExactlyOnceKeepsTheOutputsOfALostPartition: with ExactlyOnce, a
-// member that loses its partitions while no transaction can commit (their
-// offset commits refused) keeps the records it finished and their
-// outputs; given the partitions back with the commit unchanged, it handles
-// none of those records again, and their outputs are committed with the
-// offsets that cover them: each input's output is read exactly once,
-// read_committed.
+// member that loses its partitions while no transaction commits keeps the
+// records it finished and their outputs; given the partitions back with
+// the commit unchanged, it handles none of those records again, and their
+// outputs are committed with the offsets that cover them: each input's
+// output is read exactly once, read_committed. Either every transaction's
+// offset commit is refused until the partitions are back, or one
+// transaction is in flight at the loss, holding outputs of the lost
+// partitions, and refused (its member fenced) once the member rejoined:
+// the assignment waits for it to give them back.
 func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
-	const n = 400
-	c := newFakeCluster(t, "injects broker faults", "in", 2)
-	createTopic(t, c, "out", 2)
-	l := invariant.New(invariant.ByKey, n)
-	produce(t, c, "in", n/2, 20, l.Produced)
-	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-		if err := Emit(ctx, outputOf("out", r)); err != nil {
-			return err
+	for _, inFlight := range []bool{false, true} {
+		name := "offset commits refused"
+		if inFlight {
+			name = "a transaction in flight"
 		}
-		l.Handled(r)
-		return nil
-	})
-	hooks := &lossHooks{lost: make(chan struct{}), back: make(chan struct{})}
-	back := hooks.back
-	cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(4), WithHooks(hooks))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
-	awaitCommitted := func(what string) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			committed, end := offsets(t, c, "g", "in")
-			done := true
-			for p, o := range end {
-				done = done && committed[p] == o
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			const n = 400
+			c := newFakeCluster(t, "injects broker faults", "in", 2)
+			createTopic(t, c, "out", 2)
+			l := invariant.New(invariant.ByKey, n)
+			produce(t, c, "in", n/2, 20, l.Produced)
+			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+				if err := Emit(ctx, outputOf("out", r)); err != nil {
+					return err
+				}
+				l.Handled(r)
+				return nil
+			})
+			hooks := &lossHooks{lost: make(chan struct{}), back: make(chan struct{})}
+			back := hooks.back
+			cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(4), WithHooks(hooks))...)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if done {
-				return
+			stop := runConsumer(t, cons)
+			awaitCommitted := func(what string) {
+				t.Helper()
+				for deadline := time.Now().Add(30 * time.Second); ; {
+					committed, end := offsets(t, c, "g", "in")
+					done := true
+					for p, o := range end {
+						done = done && committed[p] == o
+					}
+					if done {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: committed %v of %v", what, committed, end)
+					}
+					time.Sleep(20 * time.Millisecond) // polling the broker's offsets
+				}
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: committed %v of %v", what, committed, end)
-			}
-			time.Sleep(20 * time.Millisecond) // polling the broker's offsets
-		}
-	}
-	waitFor(t, l.Reached(n/2), 30*time.Second, "the first half handled")
-	awaitCommitted("the first half")
+			waitFor(t, l.Reached(n/2), 30*time.Second, "the first half handled")
+			awaitCommitted("the first half")
 
-	// No transaction commits from here until the partitions are back.
-	refused := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: kerr.UnknownServerError, Count: -1})
-	produceRange(t, c, "in", n/2, n, 20, l.Produced)
-	waitFor(t, l.Reached(n), 30*time.Second, "every record handled, none committed")
-	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID})
-	waitFor(t, hooks.lost, 30*time.Second, "the partitions lost")
-	waitFor(t, back, 30*time.Second, "the partitions assigned again")
-	refused.Remove()
-	awaitCommitted("every record")
-	if err := stop(); err != nil {
-		t.Fatal(err)
+			// No transaction commits from here until the member rejoined.
+			var refused *kfake.FaultHandle
+			held, release, rejoined := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			if inFlight {
+				// The next transaction's offset commit waits for the
+				// member to rejoin, and is then refused: it commits
+				// as the member that was.
+				var first atomic.Bool
+				c.ControlKey(kmsg.TxnOffsetCommit.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+					if first.CompareAndSwap(false, true) { // the one held; those behind it run as they come
+						close(held)
+						c.SleepControl(func() { <-release })
+					}
+					return nil, nil, false
+				})
+				var once sync.Once
+				// The member's first OffsetFetch after the loss: it
+				// rejoined, and is being assigned its partitions.
+				c.ControlKey(kmsg.OffsetFetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+					c.KeepControl()
+					select {
+					case <-hooks.lost:
+						once.Do(func() { close(rejoined) })
+					default:
+					}
+					return nil, nil, false
+				})
+			} else {
+				refused = c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: kerr.UnknownServerError, Count: -1})
+			}
+			produceRange(t, c, "in", n/2, n, 20, l.Produced)
+			waitFor(t, l.Reached(n), 30*time.Second, "every record handled, none committed")
+			if inFlight {
+				waitFor(t, held, 30*time.Second, "a transaction's offset commit")
+			}
+			c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID})
+			waitFor(t, hooks.lost, 30*time.Second, "the partitions lost")
+			if inFlight {
+				waitFor(t, rejoined, 30*time.Second, "the member rejoined and reading its commits")
+				close(release)
+			}
+			waitFor(t, back, 30*time.Second, "the partitions assigned again")
+			if refused != nil {
+				refused.Remove()
+			}
+			awaitCommitted("every record")
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if rep := l.Report(); rep.Handled != n || rep.Duplicates != 0 {
+				t.Errorf("%+v: want each of the %d records handled once: those finished before the loss are finished still", rep, n)
+			}
+			checkOutputs(t, l, readOutputs(t, c, "out", n, 30*time.Second), true)
+		})
 	}
-	if rep := l.Report(); rep.Handled != n || rep.Duplicates != 0 {
-		t.Errorf("%+v: want each of the %d records handled once: those finished before the loss are finished still", rep, n)
-	}
-	checkOutputs(t, l, readOutputs(t, c, "out", n, 30*time.Second), true)
 }
 
 // TestExactlyOnceLostWorkNeedsTheCommitItKnew: what ExactlyOnce kept of a
@@ -206,20 +257,20 @@ func TestExactlyOnceLostWorkNeedsTheCommitItKnew(t *testing.T) {
 	}{{"another offset", 103, "m"}, {"other metadata", 100, "m2"}} {
 		var l lostWork
 		l.keepTxn(k, kept(), 1<<20)
-		if runs, outs := l.takeTxn(k, now, nil, tc.at, tc.meta); runs != nil || outs != nil {
-			t.Errorf("%s: take = %v %d outputs, want nothing", tc.name, runs, len(outs))
+		if runs, kept := l.takeTxn(k, now, nil, tc.at, tc.meta); runs != nil || kept != nil {
+			t.Errorf("%s: take = %v %+v, want nothing", tc.name, runs, kept)
 		}
 	}
 
 	var l lostWork
 	l.keepTxn(k, kept(), 1<<20)
 	l.returned([]pendingOutput{out(old, 105), out(now, 106), out(old, 107)}, 1<<20)
-	runs, outs := l.takeTxn(k, now, []offsetmeta.Run{{From: 120, To: 130}}, 100, "m")
+	runs, back := l.takeTxn(k, now, []offsetmeta.Run{{From: 120, To: 130}}, 100, "m")
 	if want := []offsetmeta.Run{{From: 100, To: 106}, {From: 107, To: 110}, {From: 120, To: 130}}; !slices.Equal(runs, want) {
 		t.Errorf("take = %v, want %v: 106 is still in the transaction", runs, want)
 	}
 	var offs []int64
-	for _, o := range outs {
+	for _, o := range back.outs {
 		offs = append(offs, o.offset)
 		if o.ps != now {
 			t.Errorf("output of %d names the lost state, want the new one", o.offset)
@@ -235,5 +286,52 @@ func TestExactlyOnceLostWorkNeedsTheCommitItKnew(t *testing.T) {
 	l.keepTxn(k, kept(), 10)
 	if runs, _ := l.takeTxn(k, now, nil, 100, "m"); runs != nil {
 		t.Errorf("take = %v, want nothing kept past the bound", runs)
+	}
+}
+
+// TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction: a transaction
+// in flight when the member lost a partition may abort only after the
+// partition came back. Its outputs of records that have not entered the
+// window yet make those records finished after all, their outputs waiting
+// for the transaction that commits them; a record that entered already
+// runs again, and so does one whose output became a dead letter. The
+// outputs of a partition not assigned again go back to what was kept of
+// it.
+func TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction(t *testing.T) {
+	k, other := tp{topic: "t", partition: 1}, tp{topic: "t", partition: 2}
+	old, otherOld := &partState{tp: k, status: dropped}, &partState{tp: other, status: dropped}
+	ps := &partState{tp: k, win: window.New(16), skip: []offsetmeta.Run{{From: 100, To: 105}}}
+	ps.kept = &regained{from: old, waiting: map[int64]struct{}{103: {}, 106: {}, 107: {}}}
+	for off := int64(100); off < 105; off++ {
+		ps.finishedBefore(off)
+		ps.win.Done(ps.win.Push(off))
+	}
+	e := &engine{parts: map[tp]*partState{k: ps}}
+	out := func(ps *partState, offset int64, kind outputKind) pendingOutput {
+		return pendingOutput{ps: ps, offset: offset, kind: kind, in: &kgo.Record{Offset: offset}}
+	}
+	rest := e.regain([]pendingOutput{out(old, 103, outHandler), out(old, 106, outHandler), out(old, 107, outDeadLetter), out(otherOld, 7, outHandler)})
+	if len(rest) != 1 || rest[0].ps != otherOld {
+		t.Errorf("rest = %+v, want the output of the partition not assigned again", rest)
+	}
+	if want := []offsetmeta.Run{{From: 100, To: 105}, {From: 106, To: 107}}; !slices.Equal(ps.skip, want) {
+		t.Errorf("skip = %v, want %v: 103 entered already, 107 is a dead letter now", ps.skip, want)
+	}
+	if len(ps.kept.waiting) != 0 {
+		t.Errorf("still waiting for %v", ps.kept.waiting)
+	}
+	for off := int64(105); off < 108; off++ {
+		if ps.finishedBefore(off) {
+			ps.win.Done(ps.win.Push(off))
+			e.keptOutputsAt(ps, off)
+		} else {
+			ps.win.Push(off)
+		}
+	}
+	if len(e.pendingOutputs) != 1 || e.pendingOutputs[0].offset != 106 || e.pendingOutputs[0].ps != ps {
+		t.Errorf("outputs waiting for a transaction: %+v, want 106's, of the partition as assigned again", e.pendingOutputs)
+	}
+	if ps.kept != nil {
+		t.Errorf("kept %+v after every record entered, want nothing", ps.kept)
 	}
 }

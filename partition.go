@@ -192,10 +192,9 @@ type partState struct {
 	// running (push). Sorted; consumed from the front as records arrive.
 	skip    []offsetmeta.Run
 	skipped int // records finished from skip in this assignment
-	// keptOuts are the outputs of records in skip that this member
-	// finished before it lost the partition (ExactlyOnce, lostwork.go), in
-	// offset order: they wait for a transaction once their record enters.
-	keptOuts []pendingOutput
+	// kept is what this member finished before it lost the partition and
+	// kept with its outputs (ExactlyOnce, lostwork.go); nil for nothing.
+	kept *regained
 	// resumeAt is the committed offset read at assignment (-1 for none
 	// or unread); the first fetched record is checked against it once, to
 	// report an offset reset.

@@ -29,6 +29,9 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 	}
 	// What this member finished before it lost a partition is finished
 	// still. Taken before engine.mu: lostWork's lock is never nested in it.
+	if e.out != nil && e.out.eos {
+		g.awaitLostOutputs(ctx, assigned)
+	}
 	states := make(map[tp]*partState)
 	for topic, ps := range assigned {
 		for _, p := range ps {
@@ -47,7 +50,7 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 				if e.out != nil && e.out.eos {
 					r, _ := resps.Lookup(topic, p)
 					s.committedText = r.Metadata
-					s.skip, s.keptOuts = g.lost.takeTxn(k, s, finished[k], at, r.Metadata)
+					s.skip, s.kept = g.lost.takeTxn(k, s, finished[k], at, r.Metadata)
 				} else {
 					s.skip = g.lost.take(k, finished[k], at)
 				}

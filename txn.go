@@ -139,7 +139,11 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 		e.mu.Lock()
 		todo := g.snapshotLocked(only)
 		outs := e.takeOutputs()
-		g.inTxn = inTxnOf(outs)
+		var ended chan struct{}
+		if len(outs) > 0 {
+			ended = make(chan struct{})
+			g.inTxn, g.txnEnded = inTxnOf(outs), ended
+		}
 		e.mu.Unlock()
 		if len(outs) == 0 {
 			if len(todo) == 0 {
@@ -148,26 +152,42 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 			_, err := g.commitParts(ctx, todo)
 			return err
 		}
-		refitted, err := g.transact(ctx, member, todo, outs)
-		e.mu.Lock()
-		g.inTxn = nil
-		if err == nil {
-			e.mu.Unlock()
-			return nil
-		}
-		lost := e.putBackOutputs(outs)
-		again := refitted && attempt < maxRefitAttempts && ctx.Err() == nil
-		if !again {
-			e.askCommit() // try again after the settler's backoff
-		}
-		e.mu.Unlock()
-		if len(lost) > 0 {
-			g.lost.returned(lost, e.cfg.maxBytes)
-		}
+		again, err := g.runTxn(ctx, member, todo, outs, attempt)
+		close(ended) // once what it gave back to lost partitions is there
 		if !again {
 			return err
 		}
 	}
+}
+
+// runTxn runs one transaction of commitTxn. When it fails, its outputs go
+// back to wait for the next one, those of partitions lost meanwhile to
+// what was kept of them; again reports that the next one should go at
+// once (refit).
+func (g *groupSource) runTxn(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput, attempt int) (again bool, _ error) {
+	e := g.e
+	refitted, endedCommit, err := g.transact(ctx, member, todo, outs)
+	e.mu.Lock()
+	g.inTxn = nil
+	if err == nil {
+		e.mu.Unlock()
+		return false, nil
+	}
+	lost := e.putBackOutputs(outs)
+	if endedCommit {
+		lost = nil // it may have committed after all: their records run again
+	} else {
+		lost = e.regain(lost) // aborted for sure: none of them is visible
+	}
+	again = refitted && attempt < maxRefitAttempts && ctx.Err() == nil
+	if !again {
+		e.askCommit() // try again after the settler's backoff
+	}
+	e.mu.Unlock()
+	if len(lost) > 0 {
+		g.lost.returned(lost, e.cfg.maxBytes)
+	}
+	return again, err
 }
 
 // maxRefitAttempts bounds the transactions one commit runs while outputs
@@ -228,8 +248,10 @@ func inTxnOf(outs []pendingOutput) []outputInTxn {
 // (AddOffsetsToTxn and TxnOffsetCommit, with the member's ID and generation
 // so that a zombie is fenced), then its end. Any failure aborts it.
 // refitted reports that outs changed for the next one: an output too large
-// for its topic gave way to its input's dead letter (refit).
-func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted bool, _ error) {
+// for its topic gave way to its input's dead letter (refit); endedCommit
+// that it asked the broker to commit it, so that a failure may still have
+// committed it.
+func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted, endedCommit bool, _ error) {
 	e := g.e
 	txn := e.out.cl
 	// A transaction ends even when ctx is done (the settler stops at
@@ -239,10 +261,10 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 	if err := txn.BeginTransaction(); err != nil {
 		// One an earlier call could not end: abort it, and begin again.
 		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
-			return false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
+			return false, false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
 		}
 		if err := txn.BeginTransaction(); err != nil {
-			return false, fmt.Errorf("kpar: beginning a transaction: %w", err)
+			return false, false, fmt.Errorf("kpar: beginning a transaction: %w", err)
 		}
 	}
 	var (
@@ -328,7 +350,7 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 		if len(todo) > 0 {
 			g.committed(todo, nil, tooLarge)
 		}
-		return refitted, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
+		return refitted, end == kgo.TryCommit, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
 	}
 	if asked == nil {
 		asked = askedOffsets(todo)
@@ -337,7 +359,7 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 	for _, h := range e.hooks.commit {
 		h.OnCommit(asked, nil)
 	}
-	return false, nil
+	return false, true, nil
 }
 
 // outputRefusal is an output a topic refused, and the error it gave.
