@@ -269,13 +269,15 @@ type regained struct {
 
 // keptOutputsAt puts the kept outputs of the record at offset, which just
 // entered ps's window finished (skip), with the outputs waiting for a
-// transaction, and drops those of offsets below it (records no longer
-// there). Called with engine.mu held.
+// transaction, and asks for one: nothing else may finish to ask it (every
+// record of the partition kept). It drops the outputs of offsets below it
+// (records no longer there). Called with engine.mu held.
 func (e *engine) keptOutputsAt(ps *partState, offset int64) {
 	k := ps.kept
 	for len(k.outs) > 0 && k.outs[0].offset <= offset {
 		if o := k.outs[0]; o.offset == offset {
 			e.pendingOutputs = append(e.pendingOutputs, o)
+			e.askCommit()
 		}
 		k.outs[0] = pendingOutput{}
 		k.outs = k.outs[1:]

@@ -127,12 +127,17 @@ func (h *lossHooks) OnPartitionsRevoked(_ map[string][]int32, lost bool) {
 // partitions, and refused (its member fenced) once the member rejoined:
 // the assignment waits for it to give them back.
 func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
-	for _, inFlight := range []bool{false, true} {
-		name := "offset commits refused"
-		if inFlight {
-			name = "a transaction in flight"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight bool
+		protocol Protocol
+	}{
+		{"offset commits refused", false, ClassicProtocol},
+		{"a transaction in flight", true, ClassicProtocol},
+		{"consumer protocol/offset commits refused", false, ConsumerProtocol},
+	} {
+		inFlight := tc.inFlight
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			const n = 400
 			c := newFakeCluster(t, "injects broker faults", "in", 2)
@@ -148,7 +153,7 @@ func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
 			})
 			hooks := &lossHooks{lost: make(chan struct{}), back: make(chan struct{})}
 			back := hooks.back
-			cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(4), WithHooks(hooks))...)
+			cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(4), WithHooks(hooks), GroupProtocol(tc.protocol))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -201,23 +206,35 @@ func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
 					return nil, nil, false
 				})
 			} else {
-				refused = c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: kerr.UnknownServerError, Count: -1})
+				refusal := kerr.UnknownServerError
+				if tc.protocol == ConsumerProtocol {
+					refusal = kerr.FencedMemberEpoch // what a member the broker forgot is told
+				}
+				refused = c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: refusal, Count: -1})
 			}
 			produceRange(t, c, "in", n/2, n, 20, l.Produced)
 			waitFor(t, l.Reached(n), 30*time.Second, "every record handled, none committed")
 			if inFlight {
 				waitFor(t, held, 30*time.Second, "a transaction's offset commit")
 			}
-			c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID})
+			if tc.protocol == ConsumerProtocol {
+				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ConsumerGroupHeartbeat}, Err: kerr.FencedMemberEpoch})
+			} else {
+				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID})
+			}
 			waitFor(t, hooks.lost, 30*time.Second, "the partitions lost")
+			if refused != nil {
+				// Nothing of the lost partitions can commit now. The
+				// settler's next try finds nothing to commit and stops
+				// trying: the records kept ask for the transaction of
+				// their outputs themselves once they are back.
+				refused.Remove()
+			}
 			if inFlight {
 				waitFor(t, rejoined, 30*time.Second, "the member rejoined and reading its commits")
 				close(release)
 			}
 			waitFor(t, back, 30*time.Second, "the partitions assigned again")
-			if refused != nil {
-				refused.Remove()
-			}
 			awaitCommitted("every record")
 			if err := stop(); err != nil {
 				t.Fatal(err)
@@ -296,7 +313,7 @@ func TestExactlyOnceLostWorkNeedsTheCommitItKnew(t *testing.T) {
 // for the transaction that commits them; a record that entered already
 // runs again, and so does one whose output became a dead letter. The
 // outputs of a partition not assigned again go back to what was kept of
-// it.
+// it. A kept output that joins those waiting asks for a transaction.
 func TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction(t *testing.T) {
 	k, other := tp{topic: "t", partition: 1}, tp{topic: "t", partition: 2}
 	old, otherOld := &partState{tp: k, status: dropped}, &partState{tp: other, status: dropped}
@@ -307,6 +324,7 @@ func TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction(t *testing.T) {
 		ps.win.Done(ps.win.Push(off))
 	}
 	e := &engine{parts: map[tp]*partState{k: ps}}
+	e.commitWake = make(chan struct{}, 1)
 	out := func(ps *partState, offset int64, kind outputKind) pendingOutput {
 		return pendingOutput{ps: ps, offset: offset, kind: kind, in: &kgo.Record{Offset: offset}}
 	}
@@ -330,6 +348,11 @@ func TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction(t *testing.T) {
 	}
 	if len(e.pendingOutputs) != 1 || e.pendingOutputs[0].offset != 106 || e.pendingOutputs[0].ps != ps {
 		t.Errorf("outputs waiting for a transaction: %+v, want 106's, of the partition as assigned again", e.pendingOutputs)
+	}
+	select {
+	case <-e.commitWake:
+	default:
+		t.Error("no commit asked for the outputs of a record that entered finished: nothing else may finish to ask it")
 	}
 	if ps.kept != nil {
 		t.Errorf("kept %+v after every record entered, want nothing", ps.kept)
