@@ -185,7 +185,7 @@ func (e *engine) prepare(recs []*kgo.Record) []recMeta {
 	// key mode may use wide lanes, a key is hashed only once its record
 	// needs a key lane (laneOf): a cheap handler's records rarely do, and
 	// reading every key costs a cache miss per record.
-	keyed := e.cfg.ordering == ByKey || (e.rate != nil && e.rate.keys != nil)
+	keyed := e.cfg.ordering == ByKey || e.limits.Keyed()
 	lazy := e.cost.WideOK() && e.cfg.ordering == ByKey
 	for i, r := range recs {
 		m := &meta[i]

@@ -203,35 +203,37 @@ func (e *engine) watchdog(ctx context.Context, hard <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-hard:
-			e.cancelAttempts(context.Canceled)
+			e.slots.cancelAll(context.Canceled)
 			hard = nil
 		case now := <-t.C:
-			e.expireAttempts(now)
+			e.overdue.Store(int64(e.slots.expire(now)))
 			e.detectStuck(now)
 			e.sampleAnswers(now)
 		}
 	}
 }
 
-func (e *engine) cancelAttempts(err error) {
-	for i := range e.slots {
-		if a := e.slots[i].Load(); a != nil {
+// cancelAll cancels every running attempt with err (the hard stop).
+func (s attemptSlots) cancelAll(err error) {
+	for i := range s {
+		if a := s[i].Load(); a != nil {
 			a.cancel(err)
 		}
 	}
 }
 
-func (e *engine) expireAttempts(now time.Time) {
-	overdue := 0
-	for i := range e.slots {
-		a := e.slots[i].Load()
+// expire cancels the running attempts past their deadline at now and
+// returns how many there are.
+func (s attemptSlots) expire(now time.Time) (overdue int) {
+	for i := range s {
+		a := s[i].Load()
 		if a == nil || now.Before(a.deadline) {
 			continue
 		}
 		overdue++
 		a.cancel(context.DeadlineExceeded)
 	}
-	e.overdue.Store(int64(overdue))
+	return overdue
 }
 
 // stuckShareMessage is detectStuck's warning in a share group, where no
@@ -311,15 +313,8 @@ func (e *engine) attemptsOf(p tp, offset int64) int {
 			return a.attempt
 		}
 	}
-	for t := range e.timers {
-		if match(t) {
-			return t.Value.attempts
-		}
-	}
-	for _, t := range e.exiled {
-		if match(t) {
-			return t.Value.attempts
-		}
+	if t, ok := e.retries.Find(match); ok {
+		return t.Value.attempts
 	}
 	return 0
 }

@@ -65,7 +65,7 @@ func (g *groupSource) learnQuota(ctx context.Context) {
 		g.budgetSpacing.Store(0)
 		return
 	}
-	for _, t := range e.consumedTopics() {
+	for _, t := range e.retryTo.Consumed() {
 		if !e.cfg.regex {
 			topics[t] = true
 		}

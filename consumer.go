@@ -187,10 +187,10 @@ func (c *Consumer) ConcurrencyLimit() int {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.lim == nil {
-		return e.cfg.concurrency
+	if lim, on := e.limits.Limit(); on {
+		return lim
 	}
-	return e.lim.Limit()
+	return e.cfg.concurrency
 }
 
 // PartitionStats is a snapshot of one assigned partition's window.

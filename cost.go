@@ -20,8 +20,8 @@ import "github.com/kpar/kpar/internal/cost"
 // need neither a batch handler, nor a rate limit, nor the adaptive limit
 // counting records one by one, nor outputs, which belong to one record
 // each.
-func newHandlerCost(c *cfg, batch bool, rate *rates) cost.Model {
-	wide := (c.ordering == ByKey || c.ordering == Unordered) && !batch && rate == nil && (!c.outputs || c.exactlyOnce)
-	runs := !batch && rate == nil && !c.adaptive && !c.outputs && !c.exactlyOnce
+func newHandlerCost(c *cfg, batch, rated bool) cost.Model {
+	wide := (c.ordering == ByKey || c.ordering == Unordered) && !batch && !rated && (!c.outputs || c.exactlyOnce)
+	runs := !batch && !rated && !c.adaptive && !c.outputs && !c.exactlyOnce
 	return cost.New(c.pinnedCost, wide, runs)
 }

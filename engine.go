@@ -16,7 +16,8 @@ import (
 	"github.com/kpar/kpar/internal/awake"
 	"github.com/kpar/kpar/internal/buffer"
 	"github.com/kpar/kpar/internal/cost"
-	"github.com/kpar/kpar/internal/limit"
+	"github.com/kpar/kpar/internal/limits"
+	"github.com/kpar/kpar/internal/retry"
 	"github.com/kpar/kpar/internal/sched"
 	"github.com/kpar/kpar/internal/settle"
 )
@@ -34,12 +35,12 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //   - engine.mu, the pipeline's lock (with cond, the workers' wait on
 //     it): parts and the partStates in it, and every field after it. The
 //     rooms that are packages of their own (internal/cost, awake, buffer,
-//     settle, sched, window, limit) keep their state unexported, so only
-//     their methods, called by the engine under mu, change it; the rooms
-//     still embedded here (dispatch, limits, retries, pauses, the outputs
-//     waiting for a transaction) say which file works them. Held for
-//     bookkeeping only: no handler, hook, client call or log runs under
-//     it. Its word and what it guards change with every record, so the
+//     settle, limits, retry, sched, window, limit, throttle) keep their
+//     state unexported, so only their methods, called by the engine under
+//     mu, change it; the rooms still embedded here (dispatch, pauses, the
+//     outputs waiting for a transaction) say which file works them. Held
+//     for bookkeeping only: no handler, hook, client call or log runs
+//     under it. Its word and what it guards change with every record, so the
 //     fields before it, read by every worker, sit on other cache lines.
 //     Taken last: no other lock of the package is taken while holding it.
 //   - groupSource.commitMu (group.go): serialises commits from snapshot
@@ -51,15 +52,20 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //   - topicIDCache.mu (topicids.go, groupSource.ids): the transactional
 //     commit's cache of topic IDs, for map operations only; the metadata
 //     request that fills a miss runs without it.
-//   - lostWork.mu (lostwork.go, groupSource.lost): the finished work, and
-//     ExactlyOnce's outputs, of lost partitions, for map operations only;
-//     taken after engine.mu is released, nothing taken under it.
 //   - shareSource.mu (sharesource.go): the records a share-group member
 //     holds and their lock renewals. Never nested with engine.mu.
 //   - attemptCtx.mu (attempt.go): one attempt context's cancellation and
 //     AfterFuncs, which run after it is released.
-//   - overloadLog.mu (overload.go): the overload spell's tallies; logs
-//     after releasing it.
+//   - overloadLog.mu (overload.go) and misconfigLog.mu
+//     (misconfigured.go): the overload and misconfiguration spells'
+//     tallies; each logs after releasing it.
+//   - lostWork.mu (lostwork.go): the finished offsets of lost partitions,
+//     and ExactlyOnce's outputs of them, kept for their next assignment;
+//     taken after engine.mu is released, nothing taken under it.
+//   - inFlight.mu (outputs.go): which output of a record failed first,
+//     and its error; the record is finished after it is released.
+//   - topicLimits.mu (toolarge.go): the cache of topics'
+//     max.message.bytes; never held across the request that fills it.
 //   - Consumer.mu (consumer.go), refusal.mu (ordering.go), goneNews.mu
 //     (topicwatch.go), RunMembers' errMu (members.go) and commitTxn's
 //     produce-error lock (txn.go): a field or two each, set and read.
@@ -77,6 +83,8 @@ type engine struct {
 	seed       maphash.Seed
 	stuckAfter time.Duration
 	src        source
+	// retryTo names the retry topics and reads their levels (retrytopics.go).
+	retryTo retry.Topics
 	// keep, for a source that withdraws records at shutdown (share
 	// groups), says which must run all the same. Called with mu held.
 	keep func(*kgo.Record) bool
@@ -121,8 +129,18 @@ type engine struct {
 	// drained is closed when the last admitted record finishes after
 	// draining began; nil while none waits.
 	drained chan struct{}
-	limits
-	retries
+	// limits decide whether an attempt may start now: the attempts
+	// running, the adaptive limit or the breaker, the rate limits
+	// (internal/limits, worked by worker.go's limited and limitDone and
+	// throttle.go's keyWait); limitWake is armed while a limit pauses
+	// dispatching.
+	limits    limits.Gate
+	limitWake *time.Timer
+	// retries is where failed records wait (internal/retry, worked by
+	// failures.go): on a backoff timer, or for the exile writer (retry
+	// topic or dead-letter sink), which exileWake nudges.
+	retries   retry.Room[*task, *time.Timer]
+	exileWake chan struct{}
 	pauses
 	settling
 	hangs hangWatch // successes and outages, for the hang policy (hang.go)
@@ -149,32 +167,6 @@ type dispatch struct {
 	runsEntered uint64
 }
 
-// limits decide whether an attempt may start now (worker.go's limited,
-// throttle.go, overload.go). Guarded by engine.mu.
-type limits struct {
-	// lim is the adaptive in-flight limit (AdaptiveConcurrency), nil when
-	// off; active counts records taken by workers and not finished, which
-	// it bounds; limitWake is armed while a limit pauses dispatching.
-	lim       *limit.Adaptive
-	active    int
-	limitWake *time.Timer
-	// rate holds the rate limits, nil when none; brk is the overload
-	// breaker, nil with the adaptive limit, which paces an overloaded
-	// downstream itself.
-	rate *rates
-	brk  *limit.Breaker
-}
-
-// retries is where failed records wait (failures.go): on a backoff timer,
-// or for the exile writer (retry topic or dead-letter sink). Guarded by
-// engine.mu.
-type retries struct {
-	timers map[*task]*time.Timer
-	// exiled records wait for the exile writer; exileWake nudges it.
-	exiled    []*task
-	exileWake chan struct{}
-}
-
 // pauses are pause and resume decisions waiting for the fetch controller
 // (admit.go), which applies them through the source outside the lock.
 // Guarded by engine.mu. Why to pause is internal/buffer's (buffer.Part);
@@ -193,6 +185,9 @@ type settling struct {
 	// settler when a request is new.
 	outcomes   settle.Outcomes
 	commitWake chan struct{}
+	// settleReset (capacity 1) drops the settler's backoff
+	// (settleAfresh); a channel, not guarded by mu.
+	settleReset chan struct{}
 	// pendingOutputs are the outputs of finished records that wait for the
 	// transaction that commits them (ExactlyOnce, txn.go), in the order
 	// the records finished.
@@ -218,6 +213,7 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 		log:        c.logger,
 		seed:       maphash.MakeSeed(),
 		stuckAfter: c.stuckAfter,
+		retryTo:    retry.NewTopics(c.topics, len(c.retryTopics), c.retryMax),
 		slots:      make(attemptSlots, c.concurrency),
 		parts:      make(map[tp]*partState),
 		buf:        buffer.New(c.maxBytes),
@@ -228,17 +224,13 @@ func newEngine(c *cfg, h Handler, bh BatchHandler, hk *hooks, newSource func(*en
 	}
 	e.cond.L = &e.mu
 	e.running = make([]slotRecord, c.concurrency)
-	e.timers = make(map[*task]*time.Timer)
+	e.retries = retry.New[*task, *time.Timer]()
 	e.exileWake = make(chan struct{}, 1)
 	e.toggleWake = make(chan struct{}, 1)
+	e.settleReset = make(chan struct{}, 1)
 	e.commitWake = make(chan struct{}, 1)
-	if c.adaptive {
-		e.lim = limit.New(c.concurrency)
-	} else {
-		e.brk = new(limit.Breaker)
-	}
-	e.rate = newRates(c)
-	e.cost = newHandlerCost(c, bh != nil, e.rate)
+	e.limits = newLimits(c)
+	e.cost = newHandlerCost(c, bh != nil, e.limits.Rated())
 	if newSource != nil {
 		e.src = newSource(e)
 	}
@@ -323,10 +315,7 @@ func (e *engine) run(ctx context.Context) error {
 		e.limitWake.Stop()
 		e.limitWake = nil
 	}
-	for t, tm := range e.timers {
-		tm.Stop()
-		delete(e.timers, t)
-	}
+	e.retries.Forget(nil, stopRetry)
 	e.awake.WakeAll()
 	e.cond.Broadcast()
 	unfinished := e.buf.Pending()

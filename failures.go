@@ -3,8 +3,6 @@ package kpar
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/kpar/kpar/deadletter"
@@ -126,7 +124,7 @@ func (e *engine) fail(t *task, err error, timedOut bool, backoff time.Duration, 
 // exile queues a record for the exile writer. The record keeps its lane
 // and stays unfinished until the write is acknowledged. Called with mu held.
 func (e *engine) exile(t *task) {
-	e.exiled = append(e.exiled, t)
+	e.retries.Exile(t)
 	select {
 	case e.exileWake <- struct{}{}:
 	default:
@@ -138,16 +136,21 @@ func (e *engine) exile(t *task) {
 // record is finished only after its write was acknowledged. It runs until
 // ctx ends (the hard stop): during a graceful drain it keeps writing.
 func (e *engine) exileWriter(ctx context.Context) {
-	writeQueued(ctx, e.exileWake, &e.mu, &e.exiled, func(batch []*task) bool {
+	take := func() []*task {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.retries.TakeExiled()
+	}
+	writeQueued(ctx, e.exileWake, take, func(batch []*task) bool {
 		return e.writeExiled(ctx, batch)
 	})
 }
 
 // writeQueued is the loop of a writer goroutine (the exile writer). At
-// each wake it takes the whole queue (guarded by mu) and writes it, until
-// the queue stays empty. It returns when ctx ends or write returns false
-// (ctx ended before the write succeeded).
-func writeQueued[T any](ctx context.Context, wake <-chan struct{}, mu *sync.Mutex, queue *[]T, write func(batch []T) bool) {
+// each wake it takes the whole queue (take, which takes the lock guarding
+// it) and writes it, until the queue stays empty. It returns when ctx ends
+// or write returns false (ctx ended before the write succeeded).
+func writeQueued[T any](ctx context.Context, wake <-chan struct{}, take func() []T, write func(batch []T) bool) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -155,10 +158,7 @@ func writeQueued[T any](ctx context.Context, wake <-chan struct{}, mu *sync.Mute
 		case <-wake:
 		}
 		for {
-			mu.Lock()
-			batch := *queue
-			*queue = nil
-			mu.Unlock()
+			batch := take()
 			if len(batch) == 0 {
 				break
 			}
@@ -175,7 +175,7 @@ func writeQueued[T any](ctx context.Context, wake <-chan struct{}, mu *sync.Mute
 func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 	var toRetry, toDead []*task
 	for _, t := range batch {
-		if e.toDeadLetters(t.Value.x) {
+		if t.Value.x.toDeadLetters(e.retryTo.Levels()) {
 			toDead = append(toDead, t)
 		} else {
 			toRetry = append(toRetry, t)
@@ -193,7 +193,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 		if err == nil {
 			break
 		}
-		wait := e.sinkBackoff(attempt)
+		wait := e.retryTo.SinkBackoff(attempt)
 		e.log.Error("kpar: writing failed records to the retry topic or dead-letter sink failed; their offsets stay uncommitted until it succeeds",
 			"records", len(toRetry)+len(toDead), "attempt", attempt, "retry_in", wait, "err", err)
 		for _, h := range e.hooks.deadLetterFailed {
@@ -211,7 +211,7 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 		if t.Value.part.status == dropped {
 			continue
 		}
-		if e.toDeadLetters(t.Value.x) {
+		if t.Value.x.toDeadLetters(e.retryTo.Levels()) {
 			e.outcomes.DeadLettered()
 		}
 		e.hangs.exiledDone++
@@ -226,25 +226,16 @@ func (e *engine) writeExiled(ctx context.Context, batch []*task) bool {
 }
 
 // toDeadLetters reports whether an exiled record goes to the dead-letter
-// sink rather than to its next retry topic: it failed for good, it used
-// the last retry topic, or that topic refused it as too large.
-func (e *engine) toDeadLetters(x *extra) bool {
-	return x.class == deadletter.ClassPermanent || x.level >= len(e.cfg.retryTopics) || x.retryRefused || x.hung
+// sink rather than to its next retry topic (levels of them): it failed for
+// good, it used the last retry topic, or that topic refused it as too
+// large.
+func (x *extra) toDeadLetters(levels int) bool {
+	return x.class == deadletter.ClassPermanent || x.level >= levels || x.retryRefused || x.hung
 }
 
-// sinkBackoff spaces out writes to a failing retry topic or sink: full
-// jitter over 100ms doubling up to RetryBackoff's cap (at least 1s).
-func (e *engine) sinkBackoff(attempt int) time.Duration {
-	base, ceiling := 100*time.Millisecond, max(e.cfg.retryMax, time.Second)
-	d := ceiling
-	if attempt < 20 {
-		d = min(base<<(attempt-1), ceiling)
-	}
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
-}
-
-func (e *engine) letter(t *task) deadletter.Letter {
-	it := &t.Value
+// letter is the dead letter of the record of it, from its failure
+// history, for the consumer group (or share group) group.
+func (it *item) letter(group string) deadletter.Letter {
 	x := it.ext()
 	msg := ""
 	if x.lastErr != nil {
@@ -256,7 +247,7 @@ func (e *engine) letter(t *task) deadletter.Letter {
 	}
 	return deadletter.Letter{
 		Record:       it.original(),
-		Group:        e.cfg.letterGroup(),
+		Group:        group,
 		Class:        x.class,
 		Message:      msg,
 		Attempts:     it.totalAttempts(),
@@ -271,7 +262,7 @@ func (e *engine) writeDeadLetters(ctx context.Context, ts []*task) error {
 	}
 	letters := make([]deadletter.Letter, len(ts))
 	for i, t := range ts {
-		letters[i] = e.letter(t)
+		letters[i] = t.Value.letter(e.cfg.letterGroup())
 	}
 	if e.out != nil && e.out.eos {
 		// They join the transaction that commits their records
@@ -307,20 +298,23 @@ func (e *engine) retryLater(t *task, backoff time.Duration) {
 	ps, size := t.Value.part, t.Value.size
 	e.buf.Park(&ps.buf, size)
 	e.budgetFreed()
-	e.timers[t] = time.AfterFunc(backoff, func() {
+	e.retries.Wait(t, time.AfterFunc(backoff, func() {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		if _, ok := e.timers[t]; !ok || e.stop {
+		if e.stop || !e.retries.Due(t) {
 			return
 		}
-		delete(e.timers, t)
 		if ps.status == revoking || ps.status == dropped {
 			return // its partition's next owner handles it
 		}
 		e.retryNow(t)
 		e.wake(1)
-	})
+	}))
 }
+
+// stopRetry stops the timer of a record that Forget took out of the
+// retries.
+func stopRetry(_ *task, tm *time.Timer) { tm.Stop() }
 
 // retryNow makes a record that waited on a retry timer, stopped and
 // forgotten by the caller, ready again. Called with mu held.

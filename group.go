@@ -84,7 +84,9 @@ func (g *groupSource) settle(ctx context.Context) error {
 	if g.shareStale.Swap(false) {
 		g.learnQuota(ctx)
 	}
-	return g.commit(ctx, nil)
+	err := g.commit(ctx, nil)
+	g.heartbeatIfForgotten(err) // forgotten.go
+	return err
 }
 
 // settleEvery is CommitInterval, or longer while the member's share of
@@ -147,10 +149,11 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 		// commit metadata: ordering.go.)
 		defaults = append(defaults, kgo.Balancers(orderedBalancer{kgo.CooperativeStickyBalancer(), e.cfg.ordering}))
 	}
-	return e.cfg.groupClientOpts(defaults, e.consumedTopics(),
+	return e.cfg.groupClientOpts(defaults, e.retryTo.Consumed(),
 		kgo.OnPartitionsAssigned(g.onAssigned),
 		kgo.OnPartitionsRevoked(g.onRevoked),
 		kgo.OnPartitionsLost(g.onLost),
+		kgo.WithHooks(brokerBack{e}), // forgotten.go
 	)
 }
 
@@ -276,7 +279,7 @@ func (g *groupSource) admit(fs kgo.Fetches) {
 		if len(p.Records) == 0 {
 			return
 		}
-		if level := e.retryLevelOf(p.Topic); level > 0 {
+		if level := e.retryTo.LevelOf(p.Topic); level > 0 {
 			g.checkRetryHeaders(p.Records, level)
 		}
 		recs, meta := p.Records, e.prepare(p.Records)
@@ -329,6 +332,9 @@ func (g *groupSource) admitPartition(p kgo.FetchTopicPartition, recs []*kgo.Reco
 			resetFrom, resetTo = ps.resumeAt, first
 		}
 		ps.resumeAt = -1
+	}
+	if ps.firstAdmitted < 0 {
+		ps.firstAdmitted = meta[0].offset
 	}
 	e.acceptWithin(ps, recs, meta, len(p.Records))
 	return resetFrom, resetTo

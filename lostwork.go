@@ -21,11 +21,14 @@ import (
 // 940 duplicates after one broker restart (issue 35).
 //
 // The member remembers, per lost partition, the offsets it finished above
-// the last committed offset it knew: the run from there to the window
-// start, and the finished runs above it. When the partition is assigned to
-// it again in the same Run, those offsets join the finished set read from
-// the commit metadata, and their records are finished without running,
-// as a new owner skips what the metadata lists. Another member that gets
+// the last committed offset it knew: the run from there (or from the first
+// record the assignment admitted, when none of its commits landed) to the
+// window start, the finished runs above it, and the finished offsets it
+// was told of at assignment whose records had not come again yet. When
+// the partition is assigned to it again in the same Run, those offsets
+// join the finished set read from the commit metadata, and their records
+// are finished without running, as a new owner skips what the metadata
+// lists. Another member that gets
 // the partition meanwhile cannot know them, which is the bound the design
 // already states (what finished within one commit spacing).
 
@@ -96,6 +99,11 @@ func (g *groupSource) keptTxnOf(ps *partState) *keptTxn {
 		default:
 			w.outs = append(w.outs, o)
 		}
+	}
+	if ps.kept != nil {
+		// Kept from the loss before, their records not back yet: in
+		// skip, so in runs.
+		w.outs = append(w.outs, ps.kept.outs...)
 	}
 	for _, o := range g.inTxn {
 		if o.ps == ps {
@@ -351,16 +359,29 @@ func inRuns(runs []offsetmeta.Run, offset int64) bool {
 	return false
 }
 
-// finishedOf is what ps finished above the last committed offset it knows
-// (its own commit, else the one read at assignment): the run up to the
-// window start and the finished runs above it. Called with mu held.
+// finishedOf is what ps finished above the last committed offset it knows:
+// the run up to the window start from the lowest of its own last commit,
+// the committed offset read at assignment and the first record this
+// assignment admitted, the finished runs above the window start, and the
+// finished offsets read at assignment whose records have not come yet
+// (skip). The first admitted record matters when no commit of this
+// assignment landed: resumeAt is cleared by the first fetch, and a member
+// the restarted broker forgot again before its first commit would keep
+// nothing, handling the whole assignment's work again when the partition
+// comes back (issue 35: thousands of duplicates over a few kill -9
+// restarts of kpar broker, the commit seemingly back where it was two
+// restarts earlier). Called with mu held.
 func finishedOf(ps *partState) []offsetmeta.Run {
-	var runs []offsetmeta.Run
+	runs := slices.Clone(ps.skip)
 	start, ok := ps.win.Start()
 	if !ok {
-		return nil
+		return runs
 	}
-	if from := max(ps.committed, ps.resumeAt); from >= 0 && from < start {
+	from := max(ps.committed, ps.resumeAt)
+	if ps.firstAdmitted >= 0 && (from < 0 || ps.firstAdmitted < from) {
+		from = ps.firstAdmitted
+	}
+	if from >= 0 && from < start {
 		runs = append(runs, offsetmeta.Run{From: from, To: start})
 	}
 	ps.win.EachFinishedRun(func(from, to int64) {

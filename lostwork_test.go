@@ -2,6 +2,7 @@ package kpar
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -356,5 +357,94 @@ func TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction(t *testing.T) {
 	}
 	if ps.kept != nil {
 		t.Errorf("kept %+v after every record entered, want nothing", ps.kept)
+	}
+}
+
+// TestAMemberLostTwiceBeforeACommitLandsKeepsWhatItFinished: a member that
+// loses its partitions (the broker forgot it: fenced), gets them back and
+// finishes more records, then loses them again before any commit of the
+// new assignment landed, keeps all it finished for when they come back the
+// second time. It kept only what lay above its own last commit or the
+// committed offset read at assignment, and the first fetch forgets the
+// latter: the second loss kept nothing and every record since the last
+// commit that landed ran again (issue 35: kill -9 restarts of kpar broker
+// under a consumer-protocol member, thousands of duplicates, the committed
+// offset seemingly back where it was two restarts earlier).
+func TestAMemberLostTwiceBeforeACommitLandsKeepsWhatItFinished(t *testing.T) {
+	const topic, group, keys = "lost-twice", "lost-twice", 10
+	c := newFakeCluster(t, "fences the member and refuses its commits", topic, 1)
+	l := invariant.New(invariant.ByKey, 0)
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.Handled(r); return nil })
+	rebalances := &rebalanceSignal{assigned: make(chan struct{}, 8), lost: make(chan struct{}, 8)}
+	commitHook, commits := commitSignal()
+	cons, err := New(h, append(testOpts(c, group, topic), GroupProtocol(ConsumerProtocol), WithHooks(rebalances, commitHook))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, cons)
+	produced := 0
+	produceTo := func(n int) {
+		t.Helper()
+		produceRange(t, c, topic, produced, n, keys, l.Produced)
+		produced = n
+		waitFor(t, l.Reached(int64(n)), 30*time.Second, fmt.Sprintf("records up to %d handled", n))
+	}
+	produceTo(100)
+	waitPartition(t, cons, commits, "the first 100 records committed", func(s PartitionStats) bool { return s.Committed == 100 })
+	await(t, rebalances.assigned, "the first assignment")
+
+	refused := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: group, Err: kerr.UnknownMemberID, Count: -1})
+	fence := func(what string) {
+		t.Helper()
+		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ConsumerGroupHeartbeat}, Group: group, Err: kerr.FencedMemberEpoch})
+		await(t, rebalances.lost, what+": partitions lost")
+		await(t, rebalances.assigned, what+": partitions assigned again")
+	}
+	produceTo(300)
+	fence("first fence") // kept: 100 to 300, above its own last commit
+	produceTo(500)       // 100 to 300 skipped, 300 to 500 handled; no commit lands
+	fence("second fence")
+	produceTo(550) // after 100 to 500, finished before and kept, come again
+
+	refused.Remove()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rep := l.Report(); rep.Duplicates != 0 || rep.Lost != 0 || rep.Handled != 550 {
+		t.Fatalf("%+v, want 550 records handled once each", rep)
+	}
+}
+
+// rebalanceSignal signals each assignment and each loss of partitions.
+type rebalanceSignal struct{ assigned, lost chan struct{} }
+
+func (s *rebalanceSignal) OnPartitionsAssigned(assigned map[string][]int32) {
+	if len(assigned) > 0 {
+		s.assigned <- struct{}{}
+	}
+}
+
+func (s *rebalanceSignal) OnPartitionsRevoked(_ map[string][]int32, lost bool) {
+	if lost {
+		s.lost <- struct{}{}
+	}
+}
+
+// await waits for one signal on ch, failing the test after 30s.
+func await(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	waitFor(t, ch, 30*time.Second, what)
+}
+
+// TestALostPartitionKeepsFinishedOffsetsNotFetchedAgainYet: the finished
+// offsets read at assignment (the commit metadata, work kept from an
+// earlier loss) whose records were not fetched again before the partition
+// was lost once more are still finished, and kept.
+func TestALostPartitionKeepsFinishedOffsetsNotFetchedAgainYet(t *testing.T) {
+	ps := &partState{win: window.New(8), committed: -1, resumeAt: 100, firstAdmitted: -1,
+		skip: []offsetmeta.Run{{From: 100, To: 300}, {From: 310, To: 320}}}
+	want := []offsetmeta.Run{{From: 100, To: 300}, {From: 310, To: 320}}
+	if got := finishedOf(ps); !slices.Equal(got, want) {
+		t.Errorf("nothing fetched yet: finishedOf = %v, want %v", got, want)
 	}
 }

@@ -12,7 +12,7 @@ import (
 // dead-letter sink and from flooding the downstream and the log:
 //
 //   - fail (failures.go) does not count the attempt against MaxAttempts;
-//   - the adaptive limit, or without it the breaker (internal/limit),
+//   - the adaptive limit, or without it the breaker (internal/limits),
 //     slows dispatching down to probes with growing pauses;
 //   - the failures are logged once when the spell begins, then summarised
 //     every overloadReport, and its end is logged once.
@@ -54,30 +54,31 @@ type overloadLog struct {
 	stopped bool
 }
 
-// breakerDone gives an attempt's outcome to the overload breaker. now is
-// when the attempt started: close enough for a success while nothing is
-// overloaded, and free of a clock reading per record then. Once overload
-// signals come, the breaker measures the quiet since the last success
-// from when that success ended: on a starved machine a downstream short of
-// capacity answers slowly, and that is not an outage. Called with mu held.
-func (e *engine) breakerDone(t *task, err error, timedOut bool, now time.Time) {
-	if e.brk == nil {
-		return
+// limitDone ends an attempt in the limits room (internal/limits) and gives
+// its outcome to the adaptive limit, which measures every attempt, or to
+// the overload breaker. now is when the attempt started: close enough for
+// the breaker while nothing is overloaded, and free of a clock reading per
+// record then. Once overload signals come, the breaker measures the quiet
+// since the last success from when that success ended: on a starved
+// machine a downstream short of capacity answers slowly, and that is not
+// an outage. Called with mu held.
+func (e *engine) limitDone(t *task, err error, timedOut bool, now time.Time) {
+	over := err != nil && (timedOut || IsOverloaded(err)) // no errors.As per success
+	breaker := !e.limits.Measures()
+	if breaker {
+		// A record suspected of hanging the downstream (hang.go) is not a
+		// sign of its overload: its timeouts do not slow the others down
+		// to probes, nor serialise the suspects behind one probe at a time.
+		over = over && (t.Value.x == nil || !t.Value.x.hang.suspect)
 	}
-	// A record suspected of hanging the downstream (hang.go) is not a
-	// sign of its overload: its timeouts do not slow the others down to
-	// probes, nor serialise the suspects behind one probe at a time.
-	over := err != nil && (timedOut || IsOverloaded(err)) && (t.Value.x == nil || !t.Value.x.hang.suspect)
-	if over || e.brk.Watching() {
+	if !breaker || over || e.limits.Watching() {
 		now = time.Now()
 	}
-	var started time.Time // Done reads it only for an overload signal
-	if over {
-		started = epoch.Add(t.Value.started)
-	}
-	if e.brk.Done(now, started, over) {
-		e.over.probing.Store(e.brk.Open())
-		e.wake(1) // closed again, or a new pause: a worker re-reads the gate
+	if e.limits.Done(now, epoch.Add(t.Value.started), over) {
+		if breaker {
+			e.over.probing.Store(e.limits.Open())
+		}
+		e.wake(1) // room again, closed again, or a new pause: a worker re-reads the gate
 	}
 }
 

@@ -199,6 +199,11 @@ type partState struct {
 	// or unread); the first fetched record is checked against it once, to
 	// report an offset reset.
 	resumeAt int64
+	// firstAdmitted is the offset of the first record this assignment
+	// admitted (-1 before any): every offset from it to the window start
+	// is finished, which is what a lost partition keeps (lostwork.go)
+	// when no commit of this assignment landed.
+	firstAdmitted int64
 
 	// Stuck detection, sampled by the watchdog.
 	stuckOffset   int64

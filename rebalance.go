@@ -38,12 +38,14 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 			k := tp{topic: topic, partition: p}
 			s := &partState{
 				tp:        k,
-				level:     e.retryLevelOf(topic),
+				level:     e.retryTo.LevelOf(topic),
 				win:       window.New(e.cfg.windowRecords),
 				committed: -1,
 				metaLimit: e.cfg.commitMetadataBytes,
 				skip:      finished[k],
 				resumeAt:  -1,
+				// firstAdmitted: set by the first fetch (admitPartition).
+				firstAdmitted: -1,
 			}
 			if at, ok := committed[k]; ok {
 				s.resumeAt = at
@@ -68,6 +70,7 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 	e.mu.Unlock()
 	g.shareStale.Store(true)
 	if len(assigned) > 0 {
+		e.settleAfresh() // the group answers: commit without an outage's backoff
 		// An empty assignment (an idle member, or a rebalance that moved
 		// nothing here) still reaches the hooks: readiness counts it.
 		e.log.Info("kpar: partitions assigned", "assigned", assigned)
@@ -204,12 +207,7 @@ func (e *engine) dropLocked(ps *partState) {
 	wasPaused := e.buf.Drop(&ps.buf, ps.win.Pending()+ps.held.Len())
 	ps.held.reset()
 	ps.over.reset() // never admitted: the next owner fetches them
-	for t, tm := range e.timers {
-		if t.Value.part == ps {
-			tm.Stop()
-			delete(e.timers, t)
-		}
-	}
+	e.retries.Forget(func(t *task) bool { return t.Value.part == ps }, stopRetry)
 	if wasPaused {
 		e.toggleFetch(fetchToggle{ps, false, 0, false})
 	}

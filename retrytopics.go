@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -13,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/deadletter"
+	"github.com/kpar/kpar/internal/retry"
 )
 
 // Headers of records in retry topics. A retry record keeps the original's
@@ -28,40 +28,7 @@ const (
 )
 
 // RetryTopic names the n-th retry topic (from 1) of topic.
-func RetryTopic(topic string, n int) string { return fmt.Sprintf("%s.retry.%d", topic, n) }
-
-// retryLevelOf returns n when topic is one of our retry topics.
-func (e *engine) retryLevelOf(topic string) int {
-	if len(e.cfg.retryTopics) == 0 {
-		return 0
-	}
-	i := strings.LastIndex(topic, ".retry.")
-	if i < 0 {
-		return 0
-	}
-	n, err := strconv.Atoi(topic[i+len(".retry."):])
-	if err != nil || n < 1 || n > len(e.cfg.retryTopics) {
-		return 0
-	}
-	for _, t := range e.cfg.topics {
-		if t == topic[:i] {
-			return n
-		}
-	}
-	return 0
-}
-
-// consumedTopics is what the client subscribes to: the topics and, with
-// RetryTopics, each topic's retry topics.
-func (e *engine) consumedTopics() []string {
-	ts := append([]string(nil), e.cfg.topics...)
-	for _, t := range e.cfg.topics {
-		for n := range e.cfg.retryTopics {
-			ts = append(ts, RetryTopic(t, n+1))
-		}
-	}
-	return ts
-}
+func RetryTopic(topic string, n int) string { return retry.Name(topic, n) }
 
 // createRetryTopics creates missing retry topics with their source's
 // partition count. It is best effort: without the permission to create
@@ -279,7 +246,7 @@ func (e *engine) writeRetries(ctx context.Context, ts []*task) (refused []*task,
 		// They join the transaction that commits their records.
 		for i, t := range ts {
 			x := t.Value.x
-			l := e.letter(t)
+			l := t.Value.letter(e.cfg.letterGroup())
 			x.outputs, x.outKind, x.outLetter = append(x.outputs, recs[i]), outRetry, &l
 		}
 	} else {

@@ -116,7 +116,7 @@ func (e *engine) runsOK(ps *partState) bool {
 	}
 	// wideHold == 0: openWide would count a held-off record otherwise,
 	// and enter counts it again.
-	return e.cost.WideOK() && (ps.wide || (ps.wideHold == 0 && e.openWide(ps)))
+	return e.cost.WideOK() && (ps.wide || (ps.wideHold == 0 && ps.openWide(e.cost.TinyOrUnmeasured())))
 }
 
 // enterRecords enters prepared records into ps's window: as runs where
@@ -226,12 +226,12 @@ func (e *engine) finishRun(t *task, done int, err error, timedOut bool, backoff 
 	// its lane, with the records after it that the run still holds right
 	// behind (none if a split took them back while the record ran).
 	_, end := t.Value.run.cut(done + 1)
-	failed := e.recordTask(t, done)
+	failed := ps.recordTask(t, done, &e.taskPool)
 	failed.Value.attempts = 1
 	failed.Value.first, failed.Value.started = t.Value.first, t.Value.started
 	var behind []*task
 	for i := done + 1; i < end; i++ {
-		behind = append(behind, e.recordTask(t, i))
+		behind = append(behind, ps.recordTask(t, i, &e.taskPool))
 	}
 	ps.lanes.Replace(t, failed, behind)
 	t.Value.rec, t.Value.run.recs = nil, nil
@@ -259,12 +259,12 @@ func (e *engine) markRun(t *task, upTo int) {
 	e.askCommit()
 }
 
-// recordTask gives record i of run task t a task of its own, at its seq
-// in ps's task store. Called with mu held.
-func (e *engine) recordTask(t *task, i int) *task {
-	ps, run := t.Value.part, t.Value.run
+// recordTask gives record i of ps's run task t a task of its own, at its
+// seq in ps's task store, from pool. Called with mu held.
+func (ps *partState) recordTask(t *task, i int, pool *taskPool) *task {
+	run := t.Value.run
 	seq := t.Value.seq + window.Seq(i)
-	rt := ps.tasks.at(seq, &e.taskPool)
+	rt := ps.tasks.at(seq, pool)
 	initTask(rt, ps, run.recs[i], seq, run.meta[i].size, run.meta[i].lane)
 	return rt
 }
@@ -281,7 +281,7 @@ func (e *engine) giveBack(t *task) []*task {
 	end, old := run.cut(1)
 	var back []*task
 	for i := end; i < old; i++ {
-		back = append(back, e.recordTask(t, i))
+		back = append(back, t.Value.part.recordTask(t, i, &e.taskPool))
 	}
 	if e.cfg.ordering == ByKey {
 		last := run.recs[end-1]

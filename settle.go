@@ -11,7 +11,8 @@ import (
 // settles as soon as a record finished, at most once per settleEvery, and
 // not at all while nothing finishes. A failed settle is retried after a
 // backoff that doubles up to 5s, newer outcomes included, so a broker
-// that is down is not hammered.
+// that is down is not hammered; partitions assigned to the member drop
+// the backoff (settleAfresh), since the group answers again.
 
 // What finished records leave for the settle is internal/settle's
 // Outcomes (e.outcomes); the settle that begins clears its request
@@ -28,6 +29,19 @@ func (e *engine) askCommit() {
 	}
 }
 
+// settleAfresh drops the backoff of failed settles: the group answered
+// again (the member got partitions), and the backoff, doubled through an
+// outage up to 5s, would only hold back the first commit of the new
+// assignment. A member the restarted broker forgot again meanwhile lost
+// that work's commit (issue 35: commits resumed 2s after the rejoin, and
+// the broker was killed again before). Any goroutine, no lock needed.
+func (e *engine) settleAfresh() {
+	select {
+	case e.settleReset <- struct{}{}:
+	default:
+	}
+}
+
 func (e *engine) settler(ctx context.Context) {
 	var (
 		last  time.Time
@@ -37,21 +51,13 @@ func (e *engine) settler(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-e.settleReset:
+			fails = 0
+			continue
 		case <-e.commitWake:
 		}
-		every := e.src.settleEvery() // a group member's follows its share of the group
-		spacing := every
-		if fails > 0 {
-			spacing = min(max(every, time.Millisecond)<<min(fails, 20), 5*time.Second)
-		}
-		if wait := spacing - time.Since(last); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		if !e.waitSpacing(ctx, last, &fails) {
+			return
 		}
 		last = time.Now()
 		err := e.src.settle(ctx)
@@ -69,6 +75,34 @@ func (e *engine) settler(ctx context.Context) {
 			e.mu.Lock()
 			e.askCommit() // try again after the backoff
 			e.mu.Unlock()
+		}
+	}
+}
+
+// waitSpacing waits out the spacing since the last settle: settleEvery,
+// or after fails failed settles a backoff that doubles up to 5s, cut back
+// to settleEvery by settleAfresh. It returns false when ctx ended.
+func (e *engine) waitSpacing(ctx context.Context, last time.Time, fails *int) bool {
+	for {
+		every := e.src.settleEvery() // a group member's follows its share of the group
+		spacing := every
+		if *fails > 0 {
+			spacing = min(max(every, time.Millisecond)<<min(*fails, 20), 5*time.Second)
+		}
+		wait := spacing - time.Since(last)
+		if wait <= 0 {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+			return true
+		case <-e.settleReset:
+			t.Stop()
+			*fails = 0
 		}
 	}
 }

@@ -663,10 +663,7 @@ func startWorkers(s *shareSource) (stop func()) {
 		e.mu.Lock()
 		e.stop = true
 		e.stopGuard()
-		for t, tm := range e.timers {
-			tm.Stop()
-			delete(e.timers, t)
-		}
+		e.retries.Forget(nil, stopRetry)
 		e.cond.Broadcast()
 		e.mu.Unlock()
 		cancel()

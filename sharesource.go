@@ -79,7 +79,7 @@ func (s *shareSource) snapshot() ShareStats {
 	e := s.e
 	e.mu.Lock()
 	_, _, dead := e.outcomes.Tally()
-	st.InFlight, st.Retrying, st.DeadLettered = e.active, len(e.timers), dead
+	st.InFlight, st.Retrying, st.DeadLettered = e.limits.Active(), e.retries.Waiting(), dead
 	e.mu.Unlock()
 	st.Group, st.Running = s.cfg.shareGroup, s.live.Load()
 	st.Polls, st.Received, st.Redelivered = s.polls.Load(), s.received.Load(), s.redelivered.Load()

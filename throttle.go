@@ -6,7 +6,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/kpar/kpar/internal/throttle"
+	"github.com/kpar/kpar/internal/limits"
 )
 
 // keyBuckets bounds the per-key buckets of KeyRateLimit (see there).
@@ -31,80 +31,29 @@ func (r rateSpec) check(name string) error {
 	return nil
 }
 
-// rates are the rate limits of one Run. Every field is guarded by
-// engine.mu.
+// newLimits is the limits room of c's configuration (internal/limits).
 //
 // The global bucket gates take the way the adaptive limit does: a worker
-// finding it empty arms the engine's one wake-up timer (limitWake) and
-// waits. A record whose key is out of tokens reserves its key's next token
-// and is set aside on a retry timer until that token is due (keyPaid marks
-// it, so take lets it through then without asking again): no goroutine and
-// no worker per waiting record, and the records of a hot key get distinct
-// due times instead of all waking at once.
-type rates struct {
-	global *throttle.Bucket // nil when RateLimit is off
-	keys   *throttle.Keys   // nil when KeyRateLimit is off
-}
-
-// newRates returns the rate limits of c, nil when neither is on.
-func newRates(c *cfg) *rates {
-	if !c.rateLimit.on && !c.keyRateLimit.on {
-		return nil
-	}
-	r := new(rates)
+// finding it empty arms the engine's one wake-up timer (limitWake, see
+// limited) and waits. A record whose key is out of tokens reserves its
+// key's next token and is set aside on a retry timer until that token is
+// due (keyPaid marks it, so take lets it through then without asking
+// again): no goroutine and no worker per waiting record.
+func newLimits(c *cfg) limits.Gate {
+	lc := limits.Config{Concurrency: c.concurrency, Adaptive: c.adaptive, KeyBuckets: keyBuckets}
 	if s := c.rateLimit; s.on {
-		b := throttle.NewBucket(s.perSecond, s.burst)
-		r.global = &b
+		lc.Rate = limits.Rate{PerSecond: s.perSecond, Burst: s.burst}
 	}
 	if s := c.keyRateLimit; s.on {
-		r.keys = throttle.NewKeys(s.perSecond, s.burst, keyBuckets)
+		lc.KeyRate = limits.Rate{PerSecond: s.perSecond, Burst: s.burst}
 	}
-	return r
-}
-
-// throttled reports whether the global rate limit or the overload breaker
-// lets no attempt start now, arming the wake-up for when one may. Called
-// with mu held.
-func (e *engine) throttled() bool {
-	global := e.rate != nil && e.rate.global != nil
-	open := e.brk != nil && e.brk.Open()
-	if !open && !global {
-		return false // the common case: no clock read per record
-	}
-	now := time.Now()
-	ok, wait := true, time.Duration(0)
-	if open {
-		ok, wait = e.brk.Allow(now, e.active)
-	}
-	if ok && global {
-		ok, wait = e.rate.global.Ready(now)
-	}
-	if ok {
-		return false
-	}
-	if wait > 0 && e.limitWake == nil {
-		e.limitWake = time.AfterFunc(wait, func() {
-			e.mu.Lock()
-			e.limitWake = nil
-			e.wake(1)
-			e.mu.Unlock()
-		})
-	}
-	return true
-}
-
-// started charges n attempt starts to the global rate limit. Called with
-// mu held.
-func (e *engine) started(n int) {
-	if e.rate != nil && e.rate.global != nil && n > 0 {
-		e.rate.global.Take(time.Now(), n)
-	}
+	return limits.New(lc)
 }
 
 // keyWait reports whether t must wait for its key's rate limit, and then
 // sets it aside until its token is due. Called with mu held.
 func (e *engine) keyWait(t *task) bool {
-	if e.rate == nil || e.rate.keys == nil {
+	if !e.limits.Keyed() {
 		return false
 	}
 	it := &t.Value
@@ -120,7 +69,7 @@ func (e *engine) keyWait(t *task) bool {
 	if it.x != nil && it.x.origin != nil {
 		h = maphash.Bytes(e.seed, k) // a retry-topic record: its original's key
 	}
-	wait := e.rate.keys.Reserve(time.Now(), h)
+	wait := e.limits.KeyWait(time.Now(), h)
 	if wait <= 0 {
 		return false
 	}
@@ -160,8 +109,6 @@ func (c *Consumer) RateLimits() RateLimits {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.rate != nil && e.rate.keys != nil {
-		r.Keys = e.rate.keys.Len()
-	}
+	r.Keys = e.limits.Keys()
 	return r
 }

@@ -49,8 +49,8 @@ import (
 // to its wide lane, or else to its key's lane or none, and reports whether
 // it may run now. Called with mu held.
 func (e *engine) admitKeyed(ps *partState, t *task) bool {
-	if !ps.wide && !e.openWide(ps) {
-		return e.cfg.ordering == Unordered || ps.lanes.Admit(t, e.laneOf(t))
+	if !ps.wide && !ps.openWide(e.cost.TinyOrUnmeasured()) {
+		return e.cfg.ordering == Unordered || ps.lanes.Admit(t, t.Value.laneOf(e.seed))
 	}
 	if ps.lanes.AdmitWide(t) {
 		return true
@@ -61,8 +61,8 @@ func (e *engine) admitKeyed(ps *partState, t *task) bool {
 
 // openWide opens ps's wide lane if the handler is tiny (or not measured
 // yet) and no lane of ps is busy. Called with mu held.
-func (e *engine) openWide(ps *partState) bool {
-	if !e.cost.TinyOrUnmeasured() || ps.lanes.Busy() != 0 {
+func (ps *partState) openWide(tiny bool) bool {
+	if !tiny || ps.lanes.Busy() != 0 {
 		return false
 	}
 	if ps.wideHold > 0 {
@@ -91,24 +91,24 @@ func (e *engine) split(ps *partState, failed bool) {
 	if e.cfg.ordering == Unordered {
 		ps.lanes.Split(noLane, e.ready.Push)
 	} else {
-		ps.lanes.Split(e.keyLane, e.ready.Push)
+		ps.lanes.Split(func(t *task) (uint64, bool) { return keyLane(t, e.seed) }, e.ready.Push)
 	}
 	e.wake(e.ready.Len() - before)
 }
 
-// keyLane is a task's key lane for Split; a record without a key (a run
-// gives such records back) needs none.
-func (e *engine) keyLane(t *task) (uint64, bool) { l := e.laneOf(t); return l, l != 0 }
-func noLane(*task) (uint64, bool)                { return 0, false }
+// keyLane is a task's key lane for Split, hashed with seed; a record
+// without a key (a run gives such records back) needs none.
+func keyLane(t *task, seed maphash.Seed) (uint64, bool) { l := t.Value.laneOf(seed); return l, l != 0 }
+func noLane(*task) (uint64, bool)                       { return 0, false }
 
 // unhashed is the lane of a keyed record whose key prepare left unhashed.
 const unhashed = 1
 
-// laneOf returns the hash of t's key, hashing it the first time it is
-// needed (see prepare). Called with mu held.
-func (e *engine) laneOf(t *task) uint64 {
-	if t.Value.lane == unhashed {
-		t.Value.lane = max(maphash.Bytes(e.seed, t.Value.rec.Key), unhashed+1)
+// laneOf returns the hash of it's key with seed, hashing it the first
+// time it is needed (see prepare). Called with mu held.
+func (it *item) laneOf(seed maphash.Seed) uint64 {
+	if it.lane == unhashed {
+		it.lane = max(maphash.Bytes(seed, it.rec.Key), unhashed+1)
 	}
-	return t.Value.lane
+	return it.lane
 }

@@ -1,6 +1,8 @@
 package kpar
 
 import (
+	"time"
+
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar/internal/window"
@@ -36,13 +38,8 @@ func (e *engine) withdrawAll() {
 			e.withdraw(t) // out of its lane already: it hands nothing over
 		}
 	}
-	for t, tm := range e.timers {
-		if !e.keepTask(t) && t.Value.part.status == withdrawing {
-			tm.Stop()
-			delete(e.timers, t)
-			e.retryNow(t)
-		}
-	}
+	e.retries.Forget(func(t *task) bool { return !e.keepTask(t) && t.Value.part.status == withdrawing },
+		func(t *task, tm *time.Timer) { tm.Stop(); e.retryNow(t) })
 	var stay []*task
 	for t := e.ready.Pop(); t != nil; t = e.ready.Pop() {
 		if t.Value.part.status != withdrawing || e.keepTask(t) {

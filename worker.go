@@ -110,11 +110,11 @@ func (e *engine) runEach(ctx context.Context, slot int, first *task, perRecord t
 			}
 		}
 		if next != nil {
-			if fast && steps < maxTake && !e.stop && next.Value.part.status == live && e.rate == nil {
+			if fast && steps < maxTake && !e.stop && next.Value.part.status == live && !e.limits.Rated() {
 				// Run the key's (or partition's) next record here:
 				// no queueing, no wake-up, no hand-off between workers.
 				next.Value.part.running++
-				e.active++
+				e.limits.Took(1)
 				t = next
 				e.runs(slot, t)
 				e.mu.Unlock()
@@ -202,7 +202,7 @@ func (e *engine) runBatch(ctx context.Context, slot int, batch []*task, recs *[]
 		ps := batch[0].Value.part
 		ps.lanes.GiveBack(batch[0], batch[1:])
 		ps.running -= len(batch) - 1
-		e.active -= len(batch) - 1
+		e.limits.GaveBack(len(batch) - 1)
 		clear(batch[1:])
 		batch = batch[:1]
 	}
@@ -257,23 +257,23 @@ func (e *engine) take(batch []*task) []*task {
 		if e.batch != nil {
 			batch = e.fillBatch(batch, t)
 		}
-		e.active += len(batch)
-		e.started(len(batch))
+		e.limits.Took(len(batch))
+		if e.limits.Paced() {
+			e.limits.Charge(time.Now(), len(batch))
+		}
 	}
 	e.wake(e.ready.Len()) // there is more than this worker runs
 	return batch
 }
 
-// limited reports whether the adaptive limit lets no attempt start now,
-// arming a wake-up when it pauses dispatching. Called with mu held.
+// limited reports whether the limits (internal/limits: the adaptive limit
+// or the overload breaker, the global rate limit) let no attempt start
+// now, arming the wake-up for when one may. Called with mu held.
 func (e *engine) limited() bool {
-	if e.throttled() {
-		return true
+	if !e.limits.Gated() {
+		return false // the common case: no clock read per record
 	}
-	if e.lim == nil {
-		return false
-	}
-	ok, wait := e.lim.Allow(time.Now(), e.active)
+	ok, wait := e.limits.Allow(time.Now())
 	if !ok && wait > 0 && e.limitWake == nil {
 		e.limitWake = time.AfterFunc(wait, func() {
 			e.mu.Lock()
@@ -422,13 +422,7 @@ func (c *cfg) backoff(attempt int) time.Duration {
 func (e *engine) finish(t *task, err error, timedOut bool, backoff time.Duration, now time.Time) (next *task) {
 	ps := t.Value.part
 	ps.running--
-	e.active--
-	if e.lim != nil {
-		end := time.Now()
-		e.lim.Done(end, end.Sub(epoch)-t.Value.started, timedOut || IsOverloaded(err))
-		e.wake(1) // the limit may have room again
-	}
-	e.breakerDone(t, err, timedOut, now)
+	e.limitDone(t, err, timedOut, now)
 	switch {
 	case ps.status == dropped:
 	case err == nil:

@@ -177,7 +177,7 @@ func runFaultCell(t *testing.T, fault, src string, eos bool) {
 	if eos {
 		c.url = withReplies(t, ep)
 	}
-	c.status = fmStatusAddr()
+	c.status = fmStatusAddr(t)
 	c.args = c.memberArgs()
 	switch {
 	case src == "backfill":
@@ -228,14 +228,15 @@ const fmCleanBrokerEnv = "KPAR_FAULTMATRIX_CLEAN_BROKER_STOP"
 // records of one phase produced before each and one after the last.
 func (c *faultCell) runMember() {
 	t, ctx := c.t, c.ctx
-	produced := 0
+	var produced atomic.Int64 // read by the readiness watch's goroutine
 	produce := func() {
-		produceLedger(ctx, t, c.addr, c.topic, produced, produced+c.n, fmKeys, c.l)
-		produced += c.n
+		from := int(produced.Load())
+		produceLedger(ctx, t, c.addr, c.topic, from, from+c.n, fmKeys, c.l)
+		produced.Add(int64(c.n))
 	}
 	produce()
 	p := startMember(ctx, t, c.bin, c.args...)
-	c.ready = watchReady(ctx, t, c.l, func() int64 { return int64(produced) })
+	c.ready = watchReady(ctx, t, c.l, produced.Load)
 	c.ready.follow(c.status)
 	for range c.reps {
 		c.waitFinished(p, c.l.Report().Handled+int64(c.n/3))
@@ -267,7 +268,7 @@ func (c *faultCell) runMember() {
 		c.outageOrKilled = append(c.outageOrKilled, time.Since(at))
 		produce()
 	}
-	c.waitFinished(p, int64(produced))
+	c.waitFinished(p, produced.Load())
 	if c.eos {
 		c.waitCommittedAtEnd()
 	}
@@ -534,23 +535,12 @@ func watchReady(ctx context.Context, t *testing.T, l *ledger.Ledger, produced fu
 // follow points the watch at the members' status address.
 func (w *readyWatch) follow(addr string) { w.addr.Store(&addr) }
 
-// fmStatusAddr is a status address of its own for a cell: a member
-// restarted after a kill -9 serves /readyz where the dead one did, so
-// the watch needs no startup line (the members log at warn).
-func fmStatusAddr() string {
-	return fmt.Sprintf("127.0.0.1:%d", fmNextPort.Add(1))
-}
-
-// fmNextPort numbers the cells' status ports from 19201 (12 cells), or
-// from KPAR_FAULTMATRIX_PORT_BASE+1, to run two matrices at once.
-var fmNextPort atomic.Int32
-
-func init() {
-	base, err := strconv.Atoi(os.Getenv("KPAR_FAULTMATRIX_PORT_BASE"))
-	if err != nil {
-		base = 19200
-	}
-	fmNextPort.Store(int32(base))
+// fmStatusAddr is a status address of its own for a cell, a free port
+// (a fixed range collided with a second matrix run on the machine): a
+// member restarted after a kill -9 serves /readyz where the dead one did,
+// so the watch needs no startup line (the members log at warn).
+func fmStatusAddr(t *testing.T) string {
+	return "127.0.0.1:" + freePort(t)
 }
 
 // awaitReady waits (up to 30s) for /readyz to answer 200 once every record
