@@ -81,7 +81,7 @@ type keptTxn struct {
 // be. Called with engine.mu held.
 func (g *groupSource) keptTxnOf(ps *partState) *keptTxn {
 	e := g.e
-	base := max(ps.committed, ps.resumeAt)
+	base := ps.committedAt
 	if e.cfg.batch || base < 0 {
 		return nil
 	}

@@ -183,9 +183,11 @@ type partState struct {
 	committedMeta int    // finished offsets above committed the last commit's metadata covered
 	metaCut       bool   // the last commit's metadata left finished offsets out
 	metaLimit     int    // metadata bytes allowed; lowered when a broker refuses the size
-	// committedText is the metadata of the last commit known to have
-	// landed (its own, or the one read at assignment), which ExactlyOnce's
-	// lost work must find again (lostwork.go).
+	// committedAt and committedText are the offset and metadata of the
+	// last commit known to have landed (its own, or the one read at
+	// assignment: -1 for none), which ExactlyOnce's lost work must find
+	// again (lostwork.go). Unlike resumeAt, kept after the first fetch.
+	committedAt   int64
 	committedText string
 	// skip holds the finished offsets read from the commit metadata at
 	// assignment: records fetched at these offsets are finished without

@@ -46,12 +46,13 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 				resumeAt:  -1,
 				// firstAdmitted: set by the first fetch (admitPartition).
 				firstAdmitted: -1,
+				committedAt:   -1,
 			}
 			if at, ok := committed[k]; ok {
 				s.resumeAt = at
 				if e.out != nil && e.out.eos {
 					r, _ := resps.Lookup(topic, p)
-					s.committedText = r.Metadata
+					s.committedAt, s.committedText = at, r.Metadata
 					s.skip, s.kept = g.lost.takeTxn(k, s, finished[k], at, r.Metadata)
 				} else {
 					s.skip = g.lost.take(k, finished[k], at)
