@@ -210,6 +210,9 @@ func (e *engine) enter(ps *partState, rec *kgo.Record, m *recMeta) {
 		ps.win.Done(ps.win.Push(m.offset))
 		ps.progress++
 		ps.skipped++
+		if ps.kept != nil {
+			e.keptOutputsAt(ps, m.offset)
+		}
 		e.releaseRecords(ps, m.size, 1)
 		ps.tasks.retire(ps.win, &e.taskPool)
 		return

@@ -248,6 +248,7 @@ func (g *groupSource) committed(todo []commitPart, asked map[string]map[int32]in
 			p.ps.committed = p.offset
 			p.ps.committedProg = p.progress
 			p.ps.committedMeta, p.ps.metaCut = p.covered, p.cut
+			p.ps.committedAt, p.ps.committedText = p.offset, p.meta
 		}
 	}
 	for _, p := range tooLarge {

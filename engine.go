@@ -62,7 +62,8 @@ var errNilHandler = errors.New("kpar: nil handler: pass a Handler (or HandlerFun
 //     which the workers call with the engine's logger; each logs after
 //     releasing it.
 //   - lostWork.mu (lostwork.go): the finished offsets of lost partitions,
-//     kept for their next assignment; taken after engine.mu is released.
+//     and ExactlyOnce's outputs of them, kept for their next assignment;
+//     taken after engine.mu is released, nothing taken under it.
 //   - inFlight.mu (outputs.go): which output of a record failed first,
 //     and its error; the record is finished after it is released.
 //   - topicLimits.mu (toolarge.go): the cache of topics'

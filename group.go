@@ -45,6 +45,12 @@ type groupSource struct {
 	// lost keeps what was finished on partitions lost without a commit,
 	// for when they come back (lostwork.go).
 	lost lostWork
+	// inTxn is the records whose outputs the transaction in flight holds
+	// (txn.go), for what a loss keeps (lostwork.go), and txnEnded is
+	// closed once the latest transaction with outputs ended and gave back
+	// what it held of lost partitions. Guarded by engine.mu.
+	inTxn    []outputInTxn
+	txnEnded chan struct{}
 	// sizer shrinks the fetch sizes by the records' compression
 	// (fetchsize.go).
 	sizer fetchSizer

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,6 +88,275 @@ func TestAWindowOfRecordsFinishedBeforeStillRefills(t *testing.T) {
 	}
 	if rep := l.Report(); rep.Handled != want || rep.Duplicates != 0 {
 		t.Fatalf("%+v, want %d handled once each", rep, want)
+	}
+}
+
+// lossHooks closes lost when the member loses partitions and back when
+// it is assigned some after that.
+type lossHooks struct {
+	mu         sync.Mutex
+	lost, back chan struct{}
+	wasLost    bool
+}
+
+func (h *lossHooks) OnPartitionsAssigned(assigned map[string][]int32) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.wasLost && len(assigned) > 0 && h.back != nil {
+		close(h.back)
+		h.back = nil
+	}
+}
+
+func (h *lossHooks) OnPartitionsRevoked(_ map[string][]int32, lost bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if lost && !h.wasLost {
+		h.wasLost = true
+		close(h.lost)
+	}
+}
+
+// TestExactlyOnceKeepsTheOutputsOfALostPartition: with ExactlyOnce, a
+// member that loses its partitions while no transaction commits keeps the
+// records it finished and their outputs; given the partitions back with
+// the commit unchanged, it handles none of those records again, and their
+// outputs are committed with the offsets that cover them: each input's
+// output is read exactly once, read_committed. Either every transaction's
+// offset commit is refused until the partitions are back, or one
+// transaction is in flight at the loss, holding outputs of the lost
+// partitions, and refused (its member fenced) once the member rejoined:
+// the assignment waits for it to give them back.
+func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight bool
+		protocol Protocol
+	}{
+		{"offset commits refused", false, ClassicProtocol},
+		{"a transaction in flight", true, ClassicProtocol},
+		{"consumer protocol/offset commits refused", false, ConsumerProtocol},
+	} {
+		inFlight := tc.inFlight
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const n = 400
+			c := newFakeCluster(t, "injects broker faults", "in", 2)
+			createTopic(t, c, "out", 2)
+			l := invariant.New(invariant.ByKey, n)
+			produce(t, c, "in", n/2, 20, l.Produced)
+			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+				if err := Emit(ctx, outputOf("out", r)); err != nil {
+					return err
+				}
+				l.Handled(r)
+				return nil
+			})
+			hooks := &lossHooks{lost: make(chan struct{}), back: make(chan struct{})}
+			back := hooks.back
+			cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(4), WithHooks(hooks), GroupProtocol(tc.protocol))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, cons)
+			awaitCommitted := func(what string) {
+				t.Helper()
+				for deadline := time.Now().Add(30 * time.Second); ; {
+					committed, end := offsets(t, c, "g", "in")
+					done := true
+					for p, o := range end {
+						done = done && committed[p] == o
+					}
+					if done {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: committed %v of %v", what, committed, end)
+					}
+					time.Sleep(20 * time.Millisecond) // polling the broker's offsets
+				}
+			}
+			waitFor(t, l.Reached(n/2), 30*time.Second, "the first half handled")
+			awaitCommitted("the first half")
+
+			// No transaction commits from here until the member rejoined.
+			var refused *kfake.FaultHandle
+			held, release, rejoined := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			if inFlight {
+				// The next transaction's offset commit waits for the
+				// member to rejoin, and is then refused: it commits
+				// as the member that was.
+				var first atomic.Bool
+				c.ControlKey(kmsg.TxnOffsetCommit.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+					if first.CompareAndSwap(false, true) { // the one held; those behind it run as they come
+						close(held)
+						c.SleepControl(func() { <-release })
+					}
+					return nil, nil, false
+				})
+				var once sync.Once
+				// The member's first OffsetFetch after the loss: it
+				// rejoined, and is being assigned its partitions.
+				c.ControlKey(kmsg.OffsetFetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+					c.KeepControl()
+					select {
+					case <-hooks.lost:
+						once.Do(func() { close(rejoined) })
+					default:
+					}
+					return nil, nil, false
+				})
+			} else {
+				refusal := kerr.UnknownServerError
+				if tc.protocol == ConsumerProtocol {
+					refusal = kerr.FencedMemberEpoch // what a member the broker forgot is told
+				}
+				refused = c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: refusal, Count: -1})
+			}
+			produceRange(t, c, "in", n/2, n, 20, l.Produced)
+			waitFor(t, l.Reached(n), 30*time.Second, "every record handled, none committed")
+			if inFlight {
+				waitFor(t, held, 30*time.Second, "a transaction's offset commit")
+			}
+			if tc.protocol == ConsumerProtocol {
+				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ConsumerGroupHeartbeat}, Err: kerr.FencedMemberEpoch})
+			} else {
+				c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID})
+			}
+			waitFor(t, hooks.lost, 30*time.Second, "the partitions lost")
+			if refused != nil {
+				// Nothing of the lost partitions can commit now. The
+				// settler's next try finds nothing to commit and stops
+				// trying: the records kept ask for the transaction of
+				// their outputs themselves once they are back.
+				refused.Remove()
+			}
+			if inFlight {
+				waitFor(t, rejoined, 30*time.Second, "the member rejoined and reading its commits")
+				close(release)
+			}
+			waitFor(t, back, 30*time.Second, "the partitions assigned again")
+			awaitCommitted("every record")
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if rep := l.Report(); rep.Handled != n || rep.Duplicates != 0 {
+				t.Errorf("%+v: want each of the %d records handled once: those finished before the loss are finished still", rep, n)
+			}
+			checkOutputs(t, l, readOutputs(t, c, "out", n, 30*time.Second), true)
+		})
+	}
+}
+
+// TestExactlyOnceLostWorkNeedsTheCommitItKnew: what ExactlyOnce kept of a
+// lost partition is taken only when the group's commit is still the one
+// the member knew at the loss, offset and metadata: any other may hold
+// the outputs of the kept records. The records whose outputs a
+// transaction in flight at the loss held are finished only once it gave
+// them back (aborted); the kept outputs are bounded.
+func TestExactlyOnceLostWorkNeedsTheCommitItKnew(t *testing.T) {
+	k := tp{topic: "t", partition: 1}
+	old, now := &partState{tp: k}, &partState{tp: k}
+	out := func(ps *partState, offset int64) pendingOutput {
+		return pendingOutput{ps: ps, offset: offset, in: &kgo.Record{Offset: offset}, recs: []*kgo.Record{{Value: []byte("x")}}}
+	}
+	kept := func() *keptTxn {
+		return &keptTxn{
+			from: old, base: 100, baseMeta: "m",
+			runs:    []offsetmeta.Run{{From: 100, To: 110}},
+			outs:    []pendingOutput{out(old, 104), out(old, 101)},
+			waiting: map[int64]struct{}{105: {}, 106: {}},
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		at   int64
+		meta string
+	}{{"another offset", 103, "m"}, {"other metadata", 100, "m2"}} {
+		var l lostWork
+		l.keepTxn(k, kept(), 1<<20)
+		if runs, kept := l.takeTxn(k, now, nil, tc.at, tc.meta); runs != nil || kept != nil {
+			t.Errorf("%s: take = %v %+v, want nothing", tc.name, runs, kept)
+		}
+	}
+
+	var l lostWork
+	l.keepTxn(k, kept(), 1<<20)
+	l.returned([]pendingOutput{out(old, 105), out(now, 106), out(old, 107)}, 1<<20)
+	runs, back := l.takeTxn(k, now, []offsetmeta.Run{{From: 120, To: 130}}, 100, "m")
+	if want := []offsetmeta.Run{{From: 100, To: 106}, {From: 107, To: 110}, {From: 120, To: 130}}; !slices.Equal(runs, want) {
+		t.Errorf("take = %v, want %v: 106 is still in the transaction", runs, want)
+	}
+	var offs []int64
+	for _, o := range back.outs {
+		offs = append(offs, o.offset)
+		if o.ps != now {
+			t.Errorf("output of %d names the lost state, want the new one", o.offset)
+		}
+	}
+	if want := []int64{101, 104, 105}; !slices.Equal(offs, want) {
+		t.Errorf("outputs of %v, want %v in offset order", offs, want)
+	}
+	if l.txnBytes != 0 {
+		t.Errorf("%d bytes left kept after the take", l.txnBytes)
+	}
+
+	l.keepTxn(k, kept(), 10)
+	if runs, _ := l.takeTxn(k, now, nil, 100, "m"); runs != nil {
+		t.Errorf("take = %v, want nothing kept past the bound", runs)
+	}
+}
+
+// TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction: a transaction
+// in flight when the member lost a partition may abort only after the
+// partition came back. Its outputs of records that have not entered the
+// window yet make those records finished after all, their outputs waiting
+// for the transaction that commits them; a record that entered already
+// runs again, and so does one whose output became a dead letter. The
+// outputs of a partition not assigned again go back to what was kept of
+// it. A kept output that joins those waiting asks for a transaction.
+func TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction(t *testing.T) {
+	k, other := tp{topic: "t", partition: 1}, tp{topic: "t", partition: 2}
+	old, otherOld := &partState{tp: k, status: dropped}, &partState{tp: other, status: dropped}
+	ps := &partState{tp: k, win: window.New(16), skip: []offsetmeta.Run{{From: 100, To: 105}}}
+	ps.kept = &regained{from: old, waiting: map[int64]struct{}{103: {}, 106: {}, 107: {}}}
+	for off := int64(100); off < 105; off++ {
+		ps.finishedBefore(off)
+		ps.win.Done(ps.win.Push(off))
+	}
+	e := &engine{parts: map[tp]*partState{k: ps}}
+	e.commitWake = make(chan struct{}, 1)
+	out := func(ps *partState, offset int64, kind outputKind) pendingOutput {
+		return pendingOutput{ps: ps, offset: offset, kind: kind, in: &kgo.Record{Offset: offset}}
+	}
+	rest := e.regain([]pendingOutput{out(old, 103, outHandler), out(old, 106, outHandler), out(old, 107, outDeadLetter), out(otherOld, 7, outHandler)})
+	if len(rest) != 1 || rest[0].ps != otherOld {
+		t.Errorf("rest = %+v, want the output of the partition not assigned again", rest)
+	}
+	if want := []offsetmeta.Run{{From: 100, To: 105}, {From: 106, To: 107}}; !slices.Equal(ps.skip, want) {
+		t.Errorf("skip = %v, want %v: 103 entered already, 107 is a dead letter now", ps.skip, want)
+	}
+	if len(ps.kept.waiting) != 0 {
+		t.Errorf("still waiting for %v", ps.kept.waiting)
+	}
+	for off := int64(105); off < 108; off++ {
+		if ps.finishedBefore(off) {
+			ps.win.Done(ps.win.Push(off))
+			e.keptOutputsAt(ps, off)
+		} else {
+			ps.win.Push(off)
+		}
+	}
+	if len(e.pendingOutputs) != 1 || e.pendingOutputs[0].offset != 106 || e.pendingOutputs[0].ps != ps {
+		t.Errorf("outputs waiting for a transaction: %+v, want 106's, of the partition as assigned again", e.pendingOutputs)
+	}
+	select {
+	case <-e.commitWake:
+	default:
+		t.Error("no commit asked for the outputs of a record that entered finished: nothing else may finish to ask it")
+	}
+	if ps.kept != nil {
+		t.Errorf("kept %+v after every record entered, want nothing", ps.kept)
 	}
 }
 

@@ -183,11 +183,20 @@ type partState struct {
 	committedMeta int    // finished offsets above committed the last commit's metadata covered
 	metaCut       bool   // the last commit's metadata left finished offsets out
 	metaLimit     int    // metadata bytes allowed; lowered when a broker refuses the size
+	// committedAt and committedText are the offset and metadata of the
+	// last commit known to have landed (its own, or the one read at
+	// assignment: -1 for none), which ExactlyOnce's lost work must find
+	// again (lostwork.go). Unlike resumeAt, kept after the first fetch.
+	committedAt   int64
+	committedText string
 	// skip holds the finished offsets read from the commit metadata at
 	// assignment: records fetched at these offsets are finished without
 	// running (push). Sorted; consumed from the front as records arrive.
 	skip    []offsetmeta.Run
 	skipped int // records finished from skip in this assignment
+	// kept is what this member finished before it lost the partition and
+	// kept with its outputs (ExactlyOnce, lostwork.go); nil for nothing.
+	kept *regained
 	// resumeAt is the committed offset read at assignment (-1 for none
 	// or unread); the first fetched record is checked against it once, to
 	// report an offset reset.

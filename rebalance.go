@@ -27,14 +27,16 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 			return
 		}
 	}
-	e.mu.Lock()
+	// What this member finished before it lost a partition is finished
+	// still. Taken before engine.mu: lostWork's lock is never nested in it.
+	if e.out != nil && e.out.eos {
+		g.awaitLostOutputs(ctx, assigned)
+	}
+	states := make(map[tp]*partState)
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			k := tp{topic: topic, partition: p}
-			if old := e.parts[k]; old != nil {
-				e.dropLocked(old)
-			}
-			e.parts[k] = &partState{
+			s := &partState{
 				tp:        k,
 				level:     e.retryTo.LevelOf(topic),
 				win:       window.New(e.cfg.windowRecords),
@@ -44,14 +46,27 @@ func (g *groupSource) onAssigned(ctx context.Context, cl *kgo.Client, assigned m
 				resumeAt:  -1,
 				// firstAdmitted: set by the first fetch (admitPartition).
 				firstAdmitted: -1,
+				committedAt:   -1,
 			}
 			if at, ok := committed[k]; ok {
-				e.parts[k].resumeAt = at
-				// What this member finished before it lost the
-				// partition is finished still.
-				e.parts[k].skip = g.lost.take(k, finished[k], at)
+				s.resumeAt = at
+				if e.out != nil && e.out.eos {
+					r, _ := resps.Lookup(topic, p)
+					s.committedAt, s.committedText = at, r.Metadata
+					s.skip, s.kept = g.lost.takeTxn(k, s, finished[k], at, r.Metadata)
+				} else {
+					s.skip = g.lost.take(k, finished[k], at)
+				}
 			}
+			states[k] = s
 		}
+	}
+	e.mu.Lock()
+	for k, s := range states {
+		if old := e.parts[k]; old != nil {
+			e.dropLocked(old)
+		}
+		e.parts[k] = s
 	}
 	e.mu.Unlock()
 	g.shareStale.Store(true)
@@ -132,12 +147,17 @@ wait:
 func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	e := g.e
 	kept := make(map[tp][]offsetmeta.Run)
+	keptTxn := make(map[tp]*keptTxn)
 	e.mu.Lock()
 	for topic, ps := range lost {
 		for _, p := range ps {
 			if s := e.parts[tp{topic: topic, partition: p}]; s != nil {
-				if s.status == live && (e.out == nil || !e.out.eos) {
+				switch {
+				case s.status != live:
+				case e.out == nil || !e.out.eos:
 					kept[s.tp] = finishedOf(s)
+				default:
+					keptTxn[s.tp] = g.keptTxnOf(s)
 				}
 				e.dropLocked(s)
 			}
@@ -146,6 +166,9 @@ func (g *groupSource) onLost(_ context.Context, _ *kgo.Client, lost map[string][
 	e.mu.Unlock()
 	for k, runs := range kept {
 		g.lost.keep(k, runs)
+	}
+	for k, w := range keptTxn {
+		g.lost.keepTxn(k, w, e.cfg.maxBytes)
 	}
 	if len(lost) == 0 {
 		return // kgo reports an empty loss on every group error while the brokers are down

@@ -20,6 +20,7 @@ import (
 // record's dead letter in their place.
 type pendingOutput struct {
 	ps       *partState
+	offset   int64 // the record's (the batch's last) offset in ps
 	recs     []*kgo.Record
 	in       *kgo.Record // the input, as its handler saw it
 	attempts int
@@ -45,7 +46,7 @@ func (e *engine) pendOutputs(ps *partState, t *task) {
 		return
 	}
 	e.pendingOutputs = append(e.pendingOutputs, pendingOutput{
-		ps: ps, recs: x.outputs, in: t.Value.original(), attempts: t.Value.totalAttempts(),
+		ps: ps, offset: t.Value.rec.Offset, recs: x.outputs, in: t.Value.original(), attempts: t.Value.totalAttempts(),
 		kind: x.outKind, letter: x.outLetter,
 	})
 	x.outputs, x.outLetter = nil, nil
@@ -138,6 +139,11 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 		e.mu.Lock()
 		todo := g.snapshotLocked(only)
 		outs := e.takeOutputs()
+		var ended chan struct{}
+		if len(outs) > 0 {
+			ended = make(chan struct{})
+			g.inTxn, g.txnEnded = inTxnOf(outs), ended
+		}
 		e.mu.Unlock()
 		if len(outs) == 0 {
 			if len(todo) == 0 {
@@ -146,21 +152,42 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 			_, err := g.commitParts(ctx, todo)
 			return err
 		}
-		refitted, err := g.transact(ctx, member, todo, outs)
-		if err == nil {
-			return nil
-		}
-		e.mu.Lock()
-		e.putBackOutputs(outs)
-		again := refitted && attempt < maxRefitAttempts && ctx.Err() == nil
-		if !again {
-			e.askCommit() // try again after the settler's backoff
-		}
-		e.mu.Unlock()
+		again, err := g.runTxn(ctx, member, todo, outs, attempt)
+		close(ended) // once what it gave back to lost partitions is there
 		if !again {
 			return err
 		}
 	}
+}
+
+// runTxn runs one transaction of commitTxn. When it fails, its outputs go
+// back to wait for the next one, those of partitions lost meanwhile to
+// what was kept of them; again reports that the next one should go at
+// once (refit).
+func (g *groupSource) runTxn(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput, attempt int) (again bool, _ error) {
+	e := g.e
+	refitted, endedCommit, err := g.transact(ctx, member, todo, outs)
+	e.mu.Lock()
+	g.inTxn = nil
+	if err == nil {
+		e.mu.Unlock()
+		return false, nil
+	}
+	lost := e.putBackOutputs(outs)
+	if endedCommit {
+		lost = nil // it may have committed after all: their records run again
+	} else {
+		lost = e.regain(lost) // aborted for sure: none of them is visible
+	}
+	again = refitted && attempt < maxRefitAttempts && ctx.Err() == nil
+	if !again {
+		e.askCommit() // try again after the settler's backoff
+	}
+	e.mu.Unlock()
+	if len(lost) > 0 {
+		g.lost.returned(lost, e.cfg.maxBytes)
+	}
+	return again, err
 }
 
 // maxRefitAttempts bounds the transactions one commit runs while outputs
@@ -184,17 +211,47 @@ func (e *engine) takeOutputs() []pendingOutput {
 }
 
 // putBackOutputs puts the outputs of a failed transaction back in front of
-// those that came since. Called with mu held.
-func (e *engine) putBackOutputs(outs []pendingOutput) {
-	e.pendingOutputs = append(outs, e.pendingOutputs...)
+// those that came since, and returns those of partitions lost while it
+// ran, for what was kept of them (lostwork.go). Called with mu held.
+func (e *engine) putBackOutputs(outs []pendingOutput) (lost []pendingOutput) {
+	live := outs[:0]
+	for _, o := range outs {
+		if o.ps.status == dropped {
+			lost = append(lost, o)
+		} else {
+			live = append(live, o)
+		}
+	}
+	e.pendingOutputs = append(live, e.pendingOutputs...)
+	return lost
+}
+
+// outputInTxn is an output a transaction in flight holds: its record.
+type outputInTxn struct {
+	ps     *partState
+	offset int64
+}
+
+// inTxnOf is the records whose outputs are outs.
+func inTxnOf(outs []pendingOutput) []outputInTxn {
+	if len(outs) == 0 {
+		return nil
+	}
+	in := make([]outputInTxn, len(outs))
+	for i, o := range outs {
+		in[i] = outputInTxn{o.ps, o.offset}
+	}
+	return in
 }
 
 // transact runs one transaction: the outputs, then the commit of todo
 // (AddOffsetsToTxn and TxnOffsetCommit, with the member's ID and generation
 // so that a zombie is fenced), then its end. Any failure aborts it.
 // refitted reports that outs changed for the next one: an output too large
-// for its topic gave way to its input's dead letter (refit).
-func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted bool, _ error) {
+// for its topic gave way to its input's dead letter (refit); endedCommit
+// that it asked the broker to commit it, so that a failure may still have
+// committed it.
+func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted, endedCommit bool, _ error) {
 	e := g.e
 	txn := e.out.cl
 	// A transaction ends even when ctx is done (the settler stops at
@@ -204,10 +261,10 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 	if err := txn.BeginTransaction(); err != nil {
 		// One an earlier call could not end: abort it, and begin again.
 		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
-			return false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
+			return false, false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
 		}
 		if err := txn.BeginTransaction(); err != nil {
-			return false, fmt.Errorf("kpar: beginning a transaction: %w", err)
+			return false, false, fmt.Errorf("kpar: beginning a transaction: %w", err)
 		}
 	}
 	var (
@@ -293,7 +350,7 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 		if len(todo) > 0 {
 			g.committed(todo, nil, tooLarge)
 		}
-		return refitted, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
+		return refitted, end == kgo.TryCommit, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
 	}
 	if asked == nil {
 		asked = askedOffsets(todo)
@@ -302,7 +359,7 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 	for _, h := range e.hooks.commit {
 		h.OnCommit(asked, nil)
 	}
-	return false, nil
+	return false, true, nil
 }
 
 // outputRefusal is an output a topic refused, and the error it gave.

@@ -79,10 +79,7 @@ var fmKnownFailures = map[string]string{}
 // their duplicate deliveries, which exceed the bound on today's code, with
 // why; KPAR_FAULTMATRIX_KNOWN=1 holds them to the bound too. Issue 35
 // stays open until this map is empty as well.
-var fmKnownDuplicates = map[string]string{
-	"broker-restart/group-classic/exactly-once":  "about 400 duplicate deliveries (bound 32): the outage costs the member its partitions (heartbeats fail), and under ExactlyOnce it keeps nothing of what it finished since its last transaction (lostwork.go keeps that at least once only: the outputs would have to be kept too), so it handles those records again once it has them back",
-	"broker-restart/group-consumer/exactly-once": "as broker-restart/group-classic/exactly-once",
-}
+var fmKnownDuplicates = map[string]string{}
 
 const (
 	fmRecords     = 600  // records per phase, CI
