@@ -29,7 +29,7 @@ import (
 // the lag of its assigned partitions (the brokers' end offsets minus the
 // group's committed offsets, from the start offset where none is
 // committed; for a share group, the group's share-partition lag), listed
-// every lagInterval. Progress is a record finished or dead-lettered, or a
+// every grace, within sampleInterval and lagInterval. Progress is a record finished or dead-lettered, or a
 // commit that moved an offset. Both are sampled every sampleInterval.
 
 const (
@@ -278,11 +278,16 @@ func (p *stallWatch) run(ctx context.Context, w work) {
 		}
 		waiting, what := held, "held by this member"
 		if held == 0 {
-			if now.Sub(lagChecked) >= lagInterval {
-				lagChecked = now
+			// As often as the unowned partitions (the grace, within
+			// sampleInterval and lagInterval): listed every lagInterval,
+			// a stall that began after a listing found no lag went unseen
+			// for up to 5s under a 1s grace (the fault matrix's share
+			// member restarted after a kill -9). A listing that failed
+			// (the client not up yet) is tried again at the next sample.
+			if now.Sub(lagChecked) >= orphanInterval(p.grace) {
 				lctx, cancel := context.WithTimeout(ctx, lagTimeout)
 				if l, ok := w.lag(lctx, stats); ok {
-					lag = l
+					lag, lagChecked = l, now
 				}
 				cancel()
 			}
