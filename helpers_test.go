@@ -99,6 +99,26 @@ func produce(t testing.TB, c cluster, topic string, n, keys int, onAck ...func(*
 	produceRange(t, c, nameIn(c, topic), 0, n, keys, onAck...)
 }
 
+// awaitCommittedAtEnd waits (up to 30s) until the group's commit reached
+// the topic's end on every partition; what names the moment in the error.
+func awaitCommittedAtEnd(t testing.TB, c cluster, group, topic, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		committed, end := offsets(t, c, group, topic)
+		done := true
+		for p, o := range end {
+			done = done && committed[p] == o
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: committed %v of %v", what, committed, end)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the broker's offsets
+	}
+}
+
 // offsets returns the group's committed offsets and the topic's high
 // watermarks.
 func offsets(t testing.TB, c cluster, group, topic string) (committed, end map[int32]int64) {

@@ -192,15 +192,7 @@ func (l *lostWork) takeTxn(k tp, ps *partState, from []offsetmeta.Run, committed
 		return from, nil
 	}
 	runs := withoutOffsets(w.runs, slices.Collect(maps.Keys(w.waiting)))
-	runs = mergeRuns(from, runs)
-	out := runs[:0]
-	for _, r := range runs {
-		if r.To <= committed {
-			continue
-		}
-		r.From = max(r.From, committed)
-		out = append(out, r)
-	}
+	out := mergeAbove(committed, from, runs)
 	g := &regained{from: w.from, waiting: w.waiting}
 	for _, o := range w.outs {
 		if inRuns(out, o.offset) {
@@ -413,16 +405,7 @@ func (l *lostWork) take(k tp, from []offsetmeta.Run, committed int64) []offsetme
 	if len(kept) == 0 {
 		return from
 	}
-	runs := mergeRuns(from, kept)
-	out := runs[:0]
-	for _, r := range runs {
-		if r.To <= committed {
-			continue
-		}
-		r.From = max(r.From, committed)
-		out = append(out, r)
-	}
-	return out
+	return mergeAbove(committed, from, kept)
 }
 
 // forget drops what was kept of topic (deleted: its offsets name other
@@ -441,6 +424,21 @@ func (l *lostWork) forget(topic string) {
 			delete(l.txn, k)
 		}
 	}
+}
+
+// mergeAbove is mergeRuns(a, b) cut to the offsets at or above committed:
+// what was finished below the group's commit is behind it already.
+func mergeAbove(committed int64, a, b []offsetmeta.Run) []offsetmeta.Run {
+	runs := mergeRuns(a, b)
+	out := runs[:0]
+	for _, r := range runs {
+		if r.To <= committed {
+			continue
+		}
+		r.From = max(r.From, committed)
+		out = append(out, r)
+	}
+	return out
 }
 
 // mergeRuns is the union of two sets of runs, sorted, touching runs joined.

@@ -159,23 +159,7 @@ func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
 				t.Fatal(err)
 			}
 			stop := runConsumer(t, cons)
-			awaitCommitted := func(what string) {
-				t.Helper()
-				for deadline := time.Now().Add(30 * time.Second); ; {
-					committed, end := offsets(t, c, "g", "in")
-					done := true
-					for p, o := range end {
-						done = done && committed[p] == o
-					}
-					if done {
-						return
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("%s: committed %v of %v", what, committed, end)
-					}
-					time.Sleep(20 * time.Millisecond) // polling the broker's offsets
-				}
-			}
+			awaitCommitted := func(what string) { awaitCommittedAtEnd(t, c, "g", "in", what) }
 			waitFor(t, l.Reached(n/2), 30*time.Second, "the first half handled")
 			awaitCommitted("the first half")
 

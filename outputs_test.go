@@ -310,20 +310,7 @@ func TestExactlyOnceThroughFaults(t *testing.T) {
 			// they held was not committed, and a member handles it again,
 			// emitting its outputs again, once.
 			stop = member("m1")
-			for deadline := time.Now().Add(30 * time.Second); ; {
-				committed, end := offsets(t, c, "g", "in")
-				done := true
-				for p, o := range end {
-					done = done && committed[p] == o
-				}
-				if done {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("committed %v of %v", committed, end)
-				}
-				time.Sleep(20 * time.Millisecond) // polling the broker's offsets
-			}
+			awaitCommittedAtEnd(t, c, "g", "in", "after the faults")
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
