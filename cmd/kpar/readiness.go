@@ -29,8 +29,9 @@ import (
 // the lag of its assigned partitions (the brokers' end offsets minus the
 // group's committed offsets, from the start offset where none is
 // committed; for a share group, the group's share-partition lag), listed
-// every grace, within sampleInterval and lagInterval. Progress is a record finished or dead-lettered, or a
-// commit that moved an offset. Both are sampled every sampleInterval.
+// every grace, within sampleInterval and lagInterval. Progress is a record
+// finished or dead-lettered, or a commit that moved an offset. Both are
+// sampled every sampleInterval.
 
 const (
 	// defaultReadyStall is the grace without progress unless --ready-stall

@@ -81,7 +81,7 @@ func (o *orphanWatch) check(ctx context.Context, now time.Time, grace time.Durat
 	defer o.mu.Unlock()
 	if !ok {
 		// Unknown is not stalled: claim nothing until a listing works.
-		// (A broker outage has its own message: brokers.go.)
+		// (A broker outage has its own message: brokerwatch.go.)
 		o.parts = nil
 		return
 	}
