@@ -251,67 +251,83 @@ type work struct {
 }
 
 func (p *stallWatch) consumerWork(c *kpar.Consumer) work {
-	return work{partitions: c.Partitions, share: c.ShareStats, lag: p.lag, unowned: p.unowned}
+	return p.clientWork(c.Partitions, c.ShareStats)
+}
+
+// clientWork is the work of partitions and share, listed through the
+// Consumer's client.
+func (p *stallWatch) clientWork(partitions func() []kpar.PartitionStats, share func() (kpar.ShareStats, bool)) work {
+	return work{partitions: partitions, share: share, lag: p.lag, unowned: p.unowned}
 }
 
 // run samples progress and work every sampleInterval until ctx ends.
 func (p *stallWatch) run(ctx context.Context, w work) {
 	t := time.NewTicker(sampleInterval)
 	defer t.Stop()
-	var (
-		seen       = int64(-1) // finished + commits at the last sample
-		lag        int64
-		lagChecked time.Time
-	)
+	s := &sampler{p: p, w: w, seen: -1}
 	for {
-		now := time.Now()
-		n := p.finished.Load() + p.commits.Load()
-		moved := seen >= 0 && n != seen
-		seen = n
-
-		var held int64
-		stats := w.partitions()
-		for _, s := range stats {
-			held += int64(s.Buffered - s.Finished + s.Held)
-		}
-		if st, share := w.share(); share {
-			held += int64(st.Acquired)
-		}
-		waiting, what := held, "held by this member"
-		if held == 0 {
-			// As often as the unowned partitions (the grace, within
-			// sampleInterval and lagInterval): listed every lagInterval,
-			// a stall that began after a listing found no lag went unseen
-			// for up to 5s under a 1s grace (the fault matrix's share
-			// member restarted after a kill -9). A listing that failed
-			// (the client not up yet) is tried again at the next sample.
-			if now.Sub(lagChecked) >= orphanInterval(p.grace) {
-				lctx, cancel := context.WithTimeout(ctx, lagTimeout)
-				if l, ok := w.lag(lctx, stats); ok {
-					lag, lagChecked = l, now
-				}
-				cancel()
-			}
-			waiting, what = lag, "not fetched yet"
-		}
-		p.orphans.check(ctx, now, p.grace, stats, w.unowned)
-
-		p.mu.Lock()
-		if moved {
-			p.st.lastProgress = now
-		}
-		if moved || waiting == 0 || !p.st.sampled {
-			p.st.since = now
-		}
-		p.st.sampled, p.st.waiting, p.st.what = true, waiting, what
-		p.mu.Unlock()
-
+		s.sample(ctx, time.Now())
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// sampler is what run keeps from one sample to the next, its goroutine's
+// own.
+type sampler struct {
+	p          *stallWatch
+	w          work
+	seen       int64     // finished + commits at the last sample, -1 before the first
+	lag        int64     // the lag last listed
+	lagChecked time.Time // when
+}
+
+// sample is one of run's samples, taken at now.
+func (s *sampler) sample(ctx context.Context, now time.Time) {
+	p, w := s.p, s.w
+	n := p.finished.Load() + p.commits.Load()
+	moved := s.seen >= 0 && n != s.seen
+	s.seen = n
+
+	var held int64
+	stats := w.partitions()
+	for _, ps := range stats {
+		held += int64(ps.Buffered - ps.Finished + ps.Held)
+	}
+	if st, share := w.share(); share {
+		held += int64(st.Acquired)
+	}
+	waiting, what := held, "held by this member"
+	if held == 0 {
+		// As often as the unowned partitions (the grace, within
+		// sampleInterval and lagInterval): listed every lagInterval,
+		// a stall that began after a listing found no lag went unseen
+		// for up to 5s under a 1s grace (the fault matrix's share
+		// member restarted after a kill -9). A listing that failed
+		// (the client not up yet) is tried again at the next sample.
+		if now.Sub(s.lagChecked) >= orphanInterval(p.grace) {
+			lctx, cancel := context.WithTimeout(ctx, lagTimeout)
+			if l, ok := w.lag(lctx, stats); ok {
+				s.lag, s.lagChecked = l, now
+			}
+			cancel()
+		}
+		waiting, what = s.lag, "not fetched yet"
+	}
+	p.orphans.check(ctx, now, p.grace, stats, w.unowned)
+
+	p.mu.Lock()
+	if moved {
+		p.st.lastProgress = now
+	}
+	if moved || waiting == 0 || !p.st.sampled {
+		p.st.since = now
+	}
+	p.st.sampled, p.st.waiting, p.st.what = true, waiting, what
+	p.mu.Unlock()
 }
 
 // ready is membership (base: kparprom's Ready) and progress: not ready

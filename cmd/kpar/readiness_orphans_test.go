@@ -121,7 +121,8 @@ func TestStallWatchListsUnownedPartitions(t *testing.T) {
 // group has a member: once one has joined, the broker refuses a commit from
 // outside the group (UNKNOWN_MEMBER_ID; 1 of 9 runs beside two CPU hogs). A
 // client without a group is shown to s first: it is not the Consumer's.
-func lagGroup(ctx context.Context, t *testing.T, c *kfake.Cluster, s *stallWatch, partitions int32, records int, committed kadm.Offsets) *kgo.Client {
+// The member is built with opts too.
+func lagGroup(ctx context.Context, t *testing.T, c *kfake.Cluster, s *stallWatch, partitions int32, records int, committed kadm.Offsets, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	admin, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
@@ -141,8 +142,8 @@ func lagGroup(ctx context.Context, t *testing.T, c *kfake.Cluster, s *stallWatch
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"),
-		kgo.WithHooks(stallClient{s}))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"),
+		kgo.WithHooks(stallClient{s})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

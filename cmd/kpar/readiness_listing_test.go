@@ -1,0 +1,82 @@
+package main
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar"
+	"github.com/kpar/kpar/internal/testkit"
+)
+
+// TestReadinessListsOffsetsOncePerSample: an idle member owning some of
+// the consumed partitions lists the end offsets and the group's committed
+// offsets for its lag and for the partitions it does not own; the broker
+// sees the ListOffsets and OffsetFetch requests of those listings, counted
+// over ten samples driven one by one (no clock involved).
+func TestReadinessListsOffsetsOncePerSample(t *testing.T) {
+	const samples = 10
+	for _, tc := range []struct {
+		name                     string
+		grace                    time.Duration
+		listOffsets, offsetFetch int64
+	}{
+		{"a 1s grace lists at every sample", time.Second, 2 * samples, 2 * samples},
+		{"the default 15s grace lists every 5s", defaultReadyStall, 2 * 2, 2 * 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testkit.Context(t, time.Minute)
+			c := testkit.Cluster(t, kfake.SeedTopics(3, "t"))
+			var listOffsets, offsetFetch atomic.Int64
+			count := func(n *atomic.Int64) func(kmsg.Request) (kmsg.Response, error, bool) {
+				return func(kmsg.Request) (kmsg.Response, error, bool) {
+					n.Add(1)
+					return nil, nil, false // counted, then handled by the broker
+				}
+			}
+			c.ControlKey(int16(kmsg.ListOffsets), count(&listOffsets))
+			c.ControlKey(int16(kmsg.OffsetFetch), count(&offsetFetch))
+
+			s := newStallWatch(tc.grace)
+			committed := make(kadm.Offsets)
+			for p := range int32(3) {
+				committed.Add(kadm.Offset{Topic: "t", Partition: p, At: 1})
+			}
+			// The member's own listings (its commits, its start) come
+			// before it returns records: wait for a record of every
+			// partition, then count the sampler's only.
+			cl := lagGroup(ctx, t, c, s, 3, 12, committed, kgo.DisableAutoCommit())
+			polled := map[int32]bool{}
+			for len(polled) < 3 {
+				fs := cl.PollFetches(ctx)
+				if err := ctx.Err(); err != nil {
+					t.Fatalf("records polled from partitions %v only: %v", polled, err)
+				}
+				fs.EachRecord(func(r *kgo.Record) { polled[r.Partition] = true })
+			}
+			listOffsets.Store(0)
+			offsetFetch.Store(0)
+
+			owned := []kpar.PartitionStats{{Topic: "t", Partition: 0}, {Topic: "t", Partition: 1}}
+			w := s.clientWork(func() []kpar.PartitionStats { return owned }, func() (kpar.ShareStats, bool) { return kpar.ShareStats{}, false })
+			smp := &sampler{p: s, w: w, seen: -1}
+			start := time.Now()
+			for i := range samples {
+				smp.sample(ctx, start.Add(time.Duration(i)*sampleInterval))
+			}
+			lo, of := listOffsets.Load(), offsetFetch.Load()
+			t.Logf("%d samples, grace %v: %d ListOffsets, %d OffsetFetch", samples, tc.grace, lo, of)
+			if lo != tc.listOffsets || of != tc.offsetFetch {
+				t.Errorf("%d ListOffsets and %d OffsetFetch requests, want %d and %d", lo, of, tc.listOffsets, tc.offsetFetch)
+			}
+			if s.st.waiting != 2*3 {
+				t.Errorf("%d records waiting, want 6 (3 on each owned partition)", s.st.waiting)
+			}
+		})
+	}
+}
