@@ -16,18 +16,22 @@ import (
 
 // TestReadinessListsOffsetsOncePerSample: an idle member owning some of
 // the consumed partitions lists the end offsets and the group's committed
-// offsets for its lag and for the partitions it does not own; the broker
-// sees the ListOffsets and OffsetFetch requests of those listings, counted
-// over ten samples driven one by one (no clock involved).
+// offsets once for its lag and for the partitions it does not own: the
+// broker sees one ListOffsets and one OffsetFetch request a listing,
+// counted over ten samples driven one by one (no clock involved).
 func TestReadinessListsOffsetsOncePerSample(t *testing.T) {
 	const samples = 10
 	for _, tc := range []struct {
 		name                     string
 		grace                    time.Duration
+		committed                int32 // partitions 0 to committed-1 of 3 have a commit
 		listOffsets, offsetFetch int64
+		waiting                  int64
 	}{
-		{"a 1s grace lists at every sample", time.Second, 2 * samples, 2 * samples},
-		{"the default 15s grace lists every 5s", defaultReadyStall, 2 * 2, 2 * 2},
+		// Before one listing served both: 20 and 20, 4 and 4, 40 and 20.
+		{"a 1s grace lists at every sample", time.Second, 3, samples, samples, 3 + 3},
+		{"the default 15s grace lists every 5s", defaultReadyStall, 3, 2, 2, 3 + 3},
+		{"partitions never committed have their start offsets listed once too", time.Second, 1, 2 * samples, samples, 3 + 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testkit.Context(t, time.Minute)
@@ -44,7 +48,7 @@ func TestReadinessListsOffsetsOncePerSample(t *testing.T) {
 
 			s := newStallWatch(tc.grace)
 			committed := make(kadm.Offsets)
-			for p := range int32(3) {
+			for p := range tc.committed {
 				committed.Add(kadm.Offset{Topic: "t", Partition: p, At: 1})
 			}
 			// The member's own listings (its commits, its start) come
@@ -74,8 +78,8 @@ func TestReadinessListsOffsetsOncePerSample(t *testing.T) {
 			if lo != tc.listOffsets || of != tc.offsetFetch {
 				t.Errorf("%d ListOffsets and %d OffsetFetch requests, want %d and %d", lo, of, tc.listOffsets, tc.offsetFetch)
 			}
-			if s.st.waiting != 2*3 {
-				t.Errorf("%d records waiting, want 6 (3 on each owned partition)", s.st.waiting)
+			if s.st.waiting != tc.waiting {
+				t.Errorf("%d records waiting on partitions 0 and 1, want %d", s.st.waiting, tc.waiting)
 			}
 		})
 	}
