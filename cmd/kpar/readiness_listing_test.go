@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,4 +84,59 @@ func TestReadinessListsOffsetsOncePerSample(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReadinessSharesEachListing: the lag and the unowned partitions, each
+// due every orphanInterval, share each listing. An idle member lists once
+// an interval, not twice; one holding records lists for the unowned
+// partitions only and keeps no lag from it, so that it lists again as soon
+// as it holds nothing, then once an interval again; a listing that found
+// no lag is tried again at the next sample; a share-group member holding
+// records lists nothing. Samples driven one by one (no clock involved).
+func TestReadinessSharesEachListing(t *testing.T) {
+	ctx := testkit.Context(t, time.Minute)
+	w := &fakeWork{unowned: &fakeUnowned{}}
+	var (
+		lists    int
+		lagFails bool
+	)
+	work := w.work()
+	list := work.list
+	work.list = func(ctx context.Context, owned []kpar.PartitionStats) listing {
+		lists++
+		l := list(ctx, owned)
+		l.lagKnown = !lagFails
+		return l
+	}
+	s := newStallWatch(2 * time.Second) // listed every 2s
+	smp := &sampler{p: s, w: work, seen: -1}
+	start := time.Now()
+	sample := func(from, to int, when string, wantLists int) {
+		t.Helper()
+		for sec := from; sec <= to; sec++ {
+			smp.sample(ctx, start.Add(time.Duration(sec)*time.Second))
+		}
+		if lists != wantLists {
+			t.Errorf("%s: %d listings by second %d, want %d", when, lists, to, wantLists)
+		}
+	}
+
+	sample(0, 9, "idle", 5)
+	w.held.Store(5)
+	w.lag.Store(99) // what is held is not committed yet
+	sample(10, 12, "records held", 7)
+	w.held.Store(0)
+	w.lag.Store(0)
+	sample(13, 13, "holding nothing again", 8)
+	if s.st.waiting != 0 {
+		t.Errorf("%d records waiting once nothing is held, want 0: the lag listed while records were held was kept", s.st.waiting)
+	}
+	sample(14, 15, "idle, the two in phase", 9)
+	lagFails = true
+	sample(16, 18, "the listing fails", 11)
+	lagFails = false
+	sample(19, 21, "the listing works again", 13)
+	w.share.Store(true)
+	w.held.Store(3)
+	sample(22, 30, "a share-group member holding records", 13)
 }
