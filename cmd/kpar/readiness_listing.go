@@ -57,16 +57,19 @@ func (p *stallWatch) list(ctx context.Context, owned []kpar.PartitionStats) list
 			topics = append(topics, s.Topic)
 		}
 	}
+	// Nothing to list is known without a listing: no lag when nothing is
+	// assigned, no unowned partition when nothing is consumed.
+	failed := listing{lagKnown: len(owned) == 0, unownedKnown: len(consumed) == 0}
 	if len(topics) == 0 {
-		return listing{lagKnown: true, unownedKnown: true}
+		return failed
 	}
 	ends, err := adm.ListEndOffsets(ctx, topics...)
 	if err != nil {
-		return listing{}
+		return failed
 	}
 	committed, err := adm.FetchOffsets(ctx, gc.group)
 	if err != nil {
-		return listing{}
+		return failed
 	}
 	var (
 		starts       kadm.ListedOffsets

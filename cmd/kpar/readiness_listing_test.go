@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -139,4 +140,32 @@ func TestReadinessSharesEachListing(t *testing.T) {
 	w.share.Store(true)
 	w.held.Store(3)
 	sample(22, 30, "a share-group member holding records", 13)
+}
+
+// TestStallWatchKnowsNoLagWithNothingAssigned: a member assigned nothing
+// has no lag, known even when the listing fails (the broker refuses the
+// group's offsets), while the unowned partitions are then unknown.
+func TestStallWatchKnowsNoLagWithNothingAssigned(t *testing.T) {
+	ctx := testkit.Context(t, time.Minute)
+	c := testkit.Cluster(t, kfake.SeedTopics(2, "t"))
+	s := newStallWatch(time.Minute)
+	lagGroup(ctx, t, c, s, 2, 4, kadm.OffsetsFromRecords(kgo.Record{Topic: "t", Partition: 0, Offset: 0}))
+	c.ControlKey(int16(kmsg.OffsetFetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		resp := req.ResponseKind().(*kmsg.OffsetFetchResponse)
+		resp.Version = req.GetVersion()
+		resp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		for _, g := range req.(*kmsg.OffsetFetchRequest).Groups {
+			rg := kmsg.NewOffsetFetchResponseGroup()
+			rg.Group, rg.ErrorCode = g.Group, kerr.GroupAuthorizationFailed.Code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp, nil, true
+	})
+	if l := s.list(ctx, nil); !l.lagKnown || l.lag != 0 || l.unownedKnown {
+		t.Errorf("nothing assigned, the group's offsets refused: %+v, want no lag, known, and the unowned partitions unknown", l)
+	}
+	if l := s.list(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}}); l.lagKnown {
+		t.Errorf("partition 0 assigned, the group's offsets refused: lag %d known, want unknown", l.lag)
+	}
 }
