@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kpar/kpar"
@@ -242,76 +241,104 @@ func (h stallClient) OnClientClosed(cl *kgo.Client) {
 type work struct {
 	partitions func() []kpar.PartitionStats
 	share      func() (kpar.ShareStats, bool)
-	// lag is the records not fetched yet for the assigned partitions in
-	// stats (a share group: the group's), false when unknown.
-	lag func(ctx context.Context, stats []kpar.PartitionStats) (int64, bool)
-	// unowned lists the consumed partitions not in owned, nil for none
-	// (readiness_orphans.go).
-	unowned func(ctx context.Context, owned []kpar.PartitionStats) ([]unownedPart, bool)
+	// list lists the group's offsets once for the lag of the assigned
+	// partitions in owned and for the consumed partitions not in owned
+	// (readiness_listing.go).
+	list func(ctx context.Context, owned []kpar.PartitionStats) listing
 }
 
 func (p *stallWatch) consumerWork(c *kpar.Consumer) work {
-	return work{partitions: c.Partitions, share: c.ShareStats, lag: p.lag, unowned: p.unowned}
+	return p.clientWork(c.Partitions, c.ShareStats)
+}
+
+// clientWork is the work of partitions and share, listed through the
+// Consumer's client.
+func (p *stallWatch) clientWork(partitions func() []kpar.PartitionStats, share func() (kpar.ShareStats, bool)) work {
+	return work{partitions: partitions, share: share, list: p.list}
 }
 
 // run samples progress and work every sampleInterval until ctx ends.
 func (p *stallWatch) run(ctx context.Context, w work) {
 	t := time.NewTicker(sampleInterval)
 	defer t.Stop()
-	var (
-		seen       = int64(-1) // finished + commits at the last sample
-		lag        int64
-		lagChecked time.Time
-	)
+	s := &sampler{p: p, w: w, seen: -1}
 	for {
-		now := time.Now()
-		n := p.finished.Load() + p.commits.Load()
-		moved := seen >= 0 && n != seen
-		seen = n
-
-		var held int64
-		stats := w.partitions()
-		for _, s := range stats {
-			held += int64(s.Buffered - s.Finished + s.Held)
-		}
-		if st, share := w.share(); share {
-			held += int64(st.Acquired)
-		}
-		waiting, what := held, "held by this member"
-		if held == 0 {
-			// As often as the unowned partitions (the grace, within
-			// sampleInterval and lagInterval): listed every lagInterval,
-			// a stall that began after a listing found no lag went unseen
-			// for up to 5s under a 1s grace (the fault matrix's share
-			// member restarted after a kill -9). A listing that failed
-			// (the client not up yet) is tried again at the next sample.
-			if now.Sub(lagChecked) >= orphanInterval(p.grace) {
-				lctx, cancel := context.WithTimeout(ctx, lagTimeout)
-				if l, ok := w.lag(lctx, stats); ok {
-					lag, lagChecked = l, now
-				}
-				cancel()
-			}
-			waiting, what = lag, "not fetched yet"
-		}
-		p.orphans.check(ctx, now, p.grace, stats, w.unowned)
-
-		p.mu.Lock()
-		if moved {
-			p.st.lastProgress = now
-		}
-		if moved || waiting == 0 || !p.st.sampled {
-			p.st.since = now
-		}
-		p.st.sampled, p.st.waiting, p.st.what = true, waiting, what
-		p.mu.Unlock()
-
+		s.sample(ctx, time.Now())
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// sampler is what run keeps from one sample to the next, its goroutine's
+// own.
+type sampler struct {
+	p          *stallWatch
+	w          work
+	seen       int64     // finished + commits at the last sample, -1 before the first
+	lag        int64     // the lag last listed while this member held nothing
+	lagChecked time.Time // when
+}
+
+// sample is one of run's samples, taken at now.
+func (s *sampler) sample(ctx context.Context, now time.Time) {
+	p, w := s.p, s.w
+	n := p.finished.Load() + p.commits.Load()
+	moved := s.seen >= 0 && n != s.seen
+	s.seen = n
+
+	var held int64
+	stats := w.partitions()
+	for _, ps := range stats {
+		held += int64(ps.Buffered - ps.Finished + ps.Held)
+	}
+	st, share := w.share()
+	if share {
+		held += int64(st.Acquired)
+	}
+	// One listing serves the lag and the unowned partitions. Both are
+	// due every orphanInterval (the grace, within sampleInterval and
+	// lagInterval: listed every lagInterval, a stall that began after a
+	// listing found no lag went unseen for up to 5s under a 1s grace, the
+	// fault matrix's share member restarted after a kill -9), but not at
+	// the same samples: the lag only while this member holds nothing, and
+	// again at the next sample after a listing failed (the client not up
+	// yet); the unowned partitions whether it holds records or not, a
+	// failed listing counting as one, and never for a share group (its
+	// lag is the group's already). So each keeps its own due time, and one
+	// listing, taken when either is due, goes to both: an answer fresher
+	// than its schedule asks for harms neither, and it brings them in
+	// phase, so that an idle member lists once an interval, not twice. A
+	// lag listed while records were held is not an idle member's: not kept.
+	lagDue := held == 0 && now.Sub(s.lagChecked) >= orphanInterval(p.grace)
+	orphansDue := !share && p.orphans.due(now, p.grace)
+	if lagDue || orphansDue {
+		lctx, cancel := context.WithTimeout(ctx, lagTimeout)
+		l := w.list(lctx, stats)
+		cancel()
+		if held == 0 && l.lagKnown {
+			s.lag, s.lagChecked = l.lag, now
+		}
+		if !share {
+			p.orphans.note(now, l.unowned, l.unownedKnown)
+		}
+	}
+	waiting, what := held, "held by this member"
+	if held == 0 {
+		waiting, what = s.lag, "not fetched yet"
+	}
+
+	p.mu.Lock()
+	if moved {
+		p.st.lastProgress = now
+	}
+	if moved || waiting == 0 || !p.st.sampled {
+		p.st.since = now
+	}
+	p.st.sampled, p.st.waiting, p.st.what = true, waiting, what
+	p.mu.Unlock()
 }
 
 // ready is membership (base: kparprom's Ready) and progress: not ready
@@ -364,73 +391,4 @@ func excerpt(s string) string {
 		s = strings.ToValidUTF8(s[:errorExcerpt], "") + "…"
 	}
 	return s
-}
-
-// lag is work.lag through the Consumer's client.
-func (p *stallWatch) lag(ctx context.Context, stats []kpar.PartitionStats) (int64, bool) {
-	gc := p.cl.Load()
-	if gc == nil {
-		return 0, false
-	}
-	adm := kadm.NewClient(gc.cl)
-	if gc.share {
-		described, err := adm.DescribeShareGroupOffsets(ctx, gc.group)
-		if err != nil {
-			return 0, false
-		}
-		var n int64
-		for _, d := range described {
-			for _, ps := range d.Offsets {
-				for _, o := range ps {
-					n += max(o.Lag, 0) // -1: not known
-				}
-			}
-		}
-		return n, true
-	}
-	if len(stats) == 0 {
-		return 0, true
-	}
-	var topics []string
-	seen := map[string]bool{}
-	for _, s := range stats {
-		if !seen[s.Topic] {
-			seen[s.Topic] = true
-			topics = append(topics, s.Topic)
-		}
-	}
-	ends, err := adm.ListEndOffsets(ctx, topics...)
-	if err != nil {
-		return 0, false
-	}
-	committed, err := adm.FetchOffsets(ctx, gc.group)
-	if err != nil {
-		return 0, false
-	}
-	var starts kadm.ListedOffsets
-	var n int64
-	for _, s := range stats {
-		end, ok := ends.Lookup(s.Topic, s.Partition)
-		if !ok || end.Err != nil {
-			return 0, false
-		}
-		from := int64(-1)
-		if c, ok := committed.Lookup(s.Topic, s.Partition); ok && c.Err == nil {
-			from = c.At
-		}
-		if from < 0 { // nothing committed: the group starts at the oldest record
-			if starts == nil {
-				if starts, err = adm.ListStartOffsets(ctx, topics...); err != nil {
-					return 0, false
-				}
-			}
-			start, ok := starts.Lookup(s.Topic, s.Partition)
-			if !ok || start.Err != nil {
-				return 0, false
-			}
-			from = start.Offset
-		}
-		n += max(end.Offset-from, 0)
-	}
-	return n, true
 }

@@ -1,16 +1,11 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kadm"
-
-	"github.com/kpar/kpar"
 )
 
 // Readiness from the partitions this member does not own. A member's own
@@ -21,7 +16,7 @@ import (
 // it has and is idle while the rest of the group's records wait. So the
 // sampler also lists, every orphanInterval, the group's committed offsets
 // and the end offsets of the consumed topics' partitions this member does
-// not own. A partition whose records wait (lag) while its committed offset
+// not own (in the lag's listing: readiness_listing.go). A partition whose records wait (lag) while its committed offset
 // and metadata (kpar commits the records finished above the offset there)
 // did not move for the stall grace is one whose records nobody finishes:
 // its owner is gone or stalled, or it has none. The member is not ready
@@ -39,8 +34,8 @@ type unownedPart struct {
 }
 
 // orphanWatch tracks how long the unowned partitions' records have waited
-// without their commits moving. check runs on the sampler's goroutine and
-// stalled on /readyz's.
+// without their commits moving. due and note run on the sampler's
+// goroutine and stalled on /readyz's.
 type orphanWatch struct {
 	checked time.Time // the sampler's own
 
@@ -64,19 +59,17 @@ func orphanInterval(grace time.Duration) time.Duration {
 	return min(max(grace, sampleInterval), lagInterval)
 }
 
-// check lists the unowned partitions through list, when it is time to,
-// and notes which of them wait without their commits moving. owned is
-// what this member holds. Called by the sampler only, never under a lock
-// while listing.
-func (o *orphanWatch) check(ctx context.Context, now time.Time, grace time.Duration, owned []kpar.PartitionStats,
-	list func(ctx context.Context, owned []kpar.PartitionStats) ([]unownedPart, bool)) {
-	if list == nil || now.Sub(o.checked) < orphanInterval(grace) {
-		return
-	}
+// due says whether it is time to list the unowned partitions again. Called
+// by the sampler only.
+func (o *orphanWatch) due(now time.Time, grace time.Duration) bool {
+	return now.Sub(o.checked) >= orphanInterval(grace)
+}
+
+// note takes the unowned partitions listed at now (parts; ok false when
+// unknown), and notes which of them wait without their commits moving.
+// Called by the sampler only, after listing.
+func (o *orphanWatch) note(now time.Time, parts []unownedPart, ok bool) {
 	o.checked = now
-	lctx, cancel := context.WithTimeout(ctx, lagTimeout)
-	parts, ok := list(lctx, owned)
-	cancel()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !ok {
@@ -148,69 +141,4 @@ func (p *stallWatch) orphansReady(ok bool, why string) (bool, string) {
 		return false, stalledWhy
 	}
 	return ok, why
-}
-
-// unowned is work.unowned through the Consumer's client: the consumed
-// topics' partitions not in owned, with their lag (end offset minus the
-// group's committed offset, or the start offset where none is committed)
-// and their commit. A share group has none (false).
-func (p *stallWatch) unowned(ctx context.Context, owned []kpar.PartitionStats) ([]unownedPart, bool) {
-	gc := p.cl.Load()
-	if gc == nil || gc.share {
-		return nil, false
-	}
-	topics := gc.cl.GetConsumeTopics()
-	if len(topics) == 0 {
-		return nil, true
-	}
-	mine := make(map[topicPartition]bool, len(owned))
-	for _, s := range owned {
-		mine[topicPartition{topic: s.Topic, p: s.Partition}] = true
-	}
-	adm := kadm.NewClient(gc.cl)
-	ends, err := adm.ListEndOffsets(ctx, topics...)
-	if err != nil {
-		return nil, false
-	}
-	committed, err := adm.FetchOffsets(ctx, gc.group)
-	if err != nil {
-		return nil, false
-	}
-	var (
-		starts kadm.ListedOffsets
-		out    []unownedPart
-		failed bool
-	)
-	ends.Each(func(end kadm.ListedOffset) {
-		if failed || mine[topicPartition{topic: end.Topic, p: end.Partition}] {
-			return
-		}
-		if end.Err != nil {
-			failed = true
-			return
-		}
-		part := unownedPart{topic: end.Topic, partition: end.Partition}
-		from := int64(-1)
-		if c, ok := committed.Lookup(end.Topic, end.Partition); ok && c.Err == nil && c.At >= 0 {
-			from = c.At
-			part.committed = fmt.Sprintf("%d %s", c.At, c.Metadata)
-		}
-		if from < 0 { // nothing committed: the group starts at the oldest record
-			if starts == nil {
-				if starts, err = adm.ListStartOffsets(ctx, topics...); err != nil {
-					failed = true
-					return
-				}
-			}
-			start, ok := starts.Lookup(end.Topic, end.Partition)
-			if !ok || start.Err != nil {
-				failed = true
-				return
-			}
-			from = start.Offset
-		}
-		part.lag = max(end.Offset-from, 0)
-		out = append(out, part)
-	})
-	return out, !failed
 }

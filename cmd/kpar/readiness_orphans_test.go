@@ -29,7 +29,7 @@ func (f *fakeUnowned) set(fails bool, parts ...unownedPart) {
 	f.parts, f.fails = parts, fails
 }
 
-func (f *fakeUnowned) list(context.Context, []kpar.PartitionStats) ([]unownedPart, bool) {
+func (f *fakeUnowned) list() ([]unownedPart, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.parts, !f.fails
@@ -43,17 +43,9 @@ func (f *fakeUnowned) list(context.Context, []kpar.PartitionStats) ([]unownedPar
 // fails (unknown) makes it ready again. In virtual time.
 func TestReadinessSeesPartitionsNobodyFinishes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := &fakeWork{}
 		others := &fakeUnowned{}
 		others.set(false, unownedPart{topic: "t", partition: 2, lag: 100, committed: "5 "}, unownedPart{topic: "t", partition: 3, lag: 0, committed: "9 "})
-		s := newStallWatch(2 * time.Second)
-		work := w.work()
-		work.unowned = others.list
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); s.run(ctx, work) }()
-		defer func() { cancel(); <-done }()
-		synctest.Wait()
+		s := startWatch(t, 2*time.Second, &fakeWork{unowned: others})
 
 		wantReady(t, s, "another member's partition with lag, just seen")
 		wait(3 * time.Second)
@@ -85,17 +77,18 @@ func TestStallWatchListsUnownedPartitions(t *testing.T) {
 	ctx := testkit.Context(t, time.Minute)
 	c := testkit.Cluster(t, kfake.SeedTopics(3, "t"))
 	s := newStallWatch(time.Minute)
-	if _, ok := s.unowned(ctx, nil); ok {
+	if s.list(ctx, nil).unownedKnown {
 		t.Error("listing known before the Consumer has a client")
 	}
 	offsets := make(kadm.Offsets)
 	offsets.Add(kadm.Offset{Topic: "t", Partition: 1, At: 1, Metadata: "a"})
 	cl := lagGroup(ctx, t, c, s, 3, 12, offsets)
 	// Partition 0 is this member's; 1: 4 records, committed at 1; 2: 4, none committed.
-	parts, ok := s.unowned(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}})
-	if !ok {
+	l := s.list(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}})
+	if !l.unownedKnown {
 		t.Fatal("listing failed")
 	}
+	parts := l.unowned
 	got := map[int32]unownedPart{}
 	for _, p := range parts {
 		got[p.partition] = p
@@ -110,7 +103,7 @@ func TestStallWatchListsUnownedPartitions(t *testing.T) {
 		t.Errorf("commits %q and %q, want \"1 a\" and none", got[1].committed, got[2].committed)
 	}
 	stallClient{s}.OnClientClosed(cl)
-	if _, ok := s.unowned(ctx, nil); ok {
+	if s.list(ctx, nil).unownedKnown {
 		t.Error("listing known after the Consumer's client closed")
 	}
 }
@@ -121,7 +114,8 @@ func TestStallWatchListsUnownedPartitions(t *testing.T) {
 // group has a member: once one has joined, the broker refuses a commit from
 // outside the group (UNKNOWN_MEMBER_ID; 1 of 9 runs beside two CPU hogs). A
 // client without a group is shown to s first: it is not the Consumer's.
-func lagGroup(ctx context.Context, t *testing.T, c *kfake.Cluster, s *stallWatch, partitions int32, records int, committed kadm.Offsets) *kgo.Client {
+// The member is built with opts too.
+func lagGroup(ctx context.Context, t *testing.T, c *kfake.Cluster, s *stallWatch, partitions int32, records int, committed kadm.Offsets, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	admin, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
@@ -141,8 +135,8 @@ func lagGroup(ctx context.Context, t *testing.T, c *kfake.Cluster, s *stallWatch
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"),
-		kgo.WithHooks(stallClient{s}))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"),
+		kgo.WithHooks(stallClient{s})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

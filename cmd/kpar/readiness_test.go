@@ -21,10 +21,12 @@ import (
 	"github.com/kpar/kpar/internal/testkit"
 )
 
-// fakeWork is work a test sets: records held in memory and lag.
+// fakeWork is work a test sets: records held in memory, lag, and the
+// partitions this member does not own (nil: none listed).
 type fakeWork struct {
 	held, lag atomic.Int64
 	share     atomic.Bool
+	unowned   *fakeUnowned
 }
 
 func (f *fakeWork) work() work {
@@ -38,7 +40,13 @@ func (f *fakeWork) work() work {
 		share: func() (kpar.ShareStats, bool) {
 			return kpar.ShareStats{Acquired: int(f.held.Load())}, f.share.Load()
 		},
-		lag: func(context.Context, []kpar.PartitionStats) (int64, bool) { return f.lag.Load(), true },
+		list: func(context.Context, []kpar.PartitionStats) listing {
+			l := listing{lag: f.lag.Load(), lagKnown: true}
+			if f.unowned != nil {
+				l.unowned, l.unownedKnown = f.unowned.list()
+			}
+			return l
+		},
 	}
 }
 
@@ -284,17 +292,17 @@ func TestStallWatchListsLag(t *testing.T) {
 	ctx := testkit.Context(t, time.Minute)
 	c := testkit.Cluster(t, kfake.SeedTopics(2, "t"))
 	s := newStallWatch(time.Minute)
-	if _, ok := s.lag(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}}); ok {
+	if s.list(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}}).lagKnown {
 		t.Error("lag known before the Consumer has a client")
 	}
 	cl := lagGroup(ctx, t, c, s, 2, 10, kadm.OffsetsFromRecords(kgo.Record{Topic: "t", Partition: 0, Offset: 2}))
 	// Partition 0: 5 records, committed at 3; partition 1: 5, none committed.
-	n, ok := s.lag(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}, {Topic: "t", Partition: 1}})
-	if !ok || n != 2+5 {
-		t.Errorf("lag = %d, %v; want 7", n, ok)
+	l := s.list(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}, {Topic: "t", Partition: 1}})
+	if !l.lagKnown || l.lag != 2+5 {
+		t.Errorf("lag = %d, %v; want 7", l.lag, l.lagKnown)
 	}
 	stallClient{s}.OnClientClosed(cl)
-	if _, ok := s.lag(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}}); ok {
+	if s.list(ctx, []kpar.PartitionStats{{Topic: "t", Partition: 0}}).lagKnown {
 		t.Error("lag known after the Consumer's client closed")
 	}
 }
