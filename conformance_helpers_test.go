@@ -126,7 +126,8 @@ const (
 
 // cell is one row on one source: a kfake cluster holding one topic of
 // flowPartitions partitions filled with n records, record i keyed
-// "key-<keyOf(i)>" and valued i (8 bytes, big-endian).
+// "key-<keyOf(i)>" and valued i (8 bytes, big-endian, then zeros up to
+// the cell's value size).
 type cell struct {
 	t    *testing.T
 	name string // "row/source"
@@ -143,6 +144,12 @@ type cell struct {
 }
 
 func newCell(t *testing.T, src flowSource, n int, keyOf func(i int) int) *cell {
+	t.Helper()
+	return newSizedCell(t, src, n, keyOf, 8)
+}
+
+// newSizedCell is newCell with values of valueSize bytes (8 at least).
+func newSizedCell(t *testing.T, src flowSource, n int, keyOf func(i int) int, valueSize int) *cell {
 	t.Helper()
 	const topic = "conformance"
 	c := testkit.Cluster(t,
@@ -162,7 +169,9 @@ func newCell(t *testing.T, src flowSource, n int, keyOf func(i int) int) *cell {
 	}
 	rs := make([]*kgo.Record, n)
 	for i := range rs {
-		rs[i] = &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", keyOf(i)), Value: binary.BigEndian.AppendUint64(nil, uint64(i))}
+		v := make([]byte, max(8, valueSize))
+		binary.BigEndian.PutUint64(v, uint64(i))
+		rs[i] = &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "key-%d", keyOf(i)), Value: v}
 	}
 	testkit.Produce(t, c.ListenAddrs(), rs...)
 	name := strings.SplitN(t.Name(), "/", 2)[1]

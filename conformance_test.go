@@ -65,6 +65,7 @@ func flowRows() []flowRow {
 		{"poison-storm", testPoisonStorm},
 		{"order", testOrder},
 		{"outputs", testOutputs},
+		{"max-buffered-bytes", testMaxBufferedBytes},
 	}
 }
 
@@ -690,5 +691,169 @@ func testOutputs(t *testing.T, src flowSource) {
 		if !seen[[2]int64{int64(r.Partition), r.Offset}] {
 			t.Errorf("%s has no output", cl.describe(i))
 		}
+	}
+}
+
+// testMaxBufferedBytes: MaxBufferedBytes bounds the key, value and header
+// bytes of the records held, those in flight included, to the bound plus
+// one record (its doc in options.go). With values of 64 KiB, a bound of
+// two and a half records and handlers that hold each record until the
+// pipeline settled (heldBytes), the bytes of the records handed to
+// handlers and not finished never pass the bound plus the largest record,
+// and every record is handled, in the order the source promises. The
+// handlers see only the records in flight, not those held in windows: in
+// ByPartition mode one record of each partition at most.
+func testMaxBufferedBytes(t *testing.T, src flowSource) {
+	const (
+		n         = 64
+		valueSize = 64 << 10
+		bound     = 5 * valueSize / 2
+	)
+	cl := newSizedCell(t, src, n, func(i int) int { return i }, valueSize)
+	check := map[promise]invariant.Order{promisesKeyOrder: invariant.ByKey, promisesPartitionOrder: invariant.ByPartition}[src.promise]
+	l := cl.produced(check)
+	// Two records: what every source holds in flight once the bound is
+	// used up, since one partition takes at most two records of it (more
+	// than its share only while less than half the bound is used): two
+	// partitions have records in flight, even in ByPartition mode.
+	hb := newHeldBytes(2)
+	defer hb.releaseSettled(cl.done)()
+	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		hb.hold(ctx, r)
+		l.Handled(r)
+		return nil
+	})
+	// Fetches of several times the bound, as a user's ClientOptions may
+	// ask for: a poll brings records of every partition at once, and the
+	// bound holds whatever a poll brings.
+	big := ClientOptions(kgo.FetchMaxBytes(8<<20), kgo.FetchMaxPartitionBytes(1<<20))
+	if !cl.mustRun(h, MaxBufferedBytes(bound), Concurrency(16), big) {
+		return
+	}
+	var largest int64
+	for _, r := range cl.recs {
+		largest = max(largest, boundedBytes(r))
+	}
+	peak, peakRecords := hb.peak.Load(), hb.peakRecords.Load()
+	if peak > bound+largest {
+		t.Errorf("%d records (%d bytes) handed to handlers and not finished at once with MaxBufferedBytes %d: want at most %d bytes (the bound plus one record)",
+			peakRecords, peak, bound, bound+largest)
+	}
+	if peakRecords < hb.fill {
+		t.Errorf("at most %d record(s) in flight at once, in the %v after the first: want %d, as a pipeline that admits records of several partitions within the bound has",
+			peakRecords, fillWait, hb.fill)
+	}
+	rep := l.Report()
+	if rep.Handled != n {
+		t.Errorf("%d of %d records handled: %s", rep.Handled, n, cl.unfinished())
+	}
+	if err := rep.Check(-1); err != nil {
+		t.Errorf("%s promises %v: %v", src.name, src.promise, err)
+	}
+	t.Logf("at most %d records (%d bytes) in flight at once, MaxBufferedBytes %d (%d with one record more)", peakRecords, peak, bound, bound+largest)
+}
+
+// boundedBytes is what MaxBufferedBytes promises to bound of a record:
+// its key, value and header bytes (what the budget counts, less its
+// estimate of the memory around them).
+func boundedBytes(r *kgo.Record) int64 { return recordSize(r) - recordOverhead }
+
+// heldBytes is a handler's side of a full pipeline: it holds every record
+// handed to it until releaseSettled lets it go, and keeps the most bytes
+// and records held at once. A record's bytes leave before its handler
+// returns, so what it counts is never more than the pipeline holds.
+type heldBytes struct {
+	fill    int64 // records held before the first is let go
+	release chan struct{}
+
+	starts            atomic.Int64 // records handed to the handler so far
+	bytes, records    atomic.Int64 // held now
+	peak, peakRecords atomic.Int64 // the most held at once
+}
+
+func newHeldBytes(fill int64) *heldBytes {
+	return &heldBytes{fill: fill, release: make(chan struct{})}
+}
+
+// hold holds r until releaseSettled lets one record go (or ctx ends).
+func (hb *heldBytes) hold(ctx context.Context, r *kgo.Record) {
+	size := boundedBytes(r)
+	raise(&hb.peak, hb.bytes.Add(size))
+	raise(&hb.peakRecords, hb.records.Add(1))
+	hb.starts.Add(1)
+	select {
+	case <-hb.release:
+	case <-ctx.Done():
+	}
+	hb.records.Add(-1)
+	hb.bytes.Add(-size)
+}
+
+// raise makes a at least v.
+func raise(a *atomic.Int64, v int64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// settleTick is how long no record may be handed to the handler for the
+// pipeline to count as settled: it then admits nothing more until a record
+// finishes. A loaded machine only makes a release come early, and the
+// pipeline fuller less often; it never makes the row fail.
+const settleTick = 10 * time.Millisecond
+
+// fillWait bounds the wait, from the first record handed over, for fill
+// records held: a source that never gets there (one admitting a whole
+// poll of one partition in ByPartition mode) is released after it, and
+// the row fails.
+const fillWait = 5 * time.Second
+
+// releaseSettled lets one held record go each time the pipeline settled
+// (no record handed over for a settleTick), the first only once fill
+// records are held (or fillWait passed): the pipeline stays as full as it
+// gets, and admits again record by record. It runs until stop is called
+// or done ends.
+func (hb *heldBytes) releaseSettled(done context.Context) (stop func()) {
+	quit := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		tick := time.NewTicker(settleTick)
+		defer tick.Stop()
+		last, filled := int64(-1), false
+		var first time.Time // when a record was first seen handed over
+		for {
+			select {
+			case <-tick.C:
+			case <-quit:
+				return
+			case <-done.Done():
+				return
+			}
+			starts, held := hb.starts.Load(), hb.records.Load()
+			settled := starts == last
+			last = starts
+			if first.IsZero() && starts > 0 {
+				first = time.Now()
+			}
+			filled = filled || held >= hb.fill || (starts > 0 && time.Since(first) > fillWait)
+			if !settled || !filled || held == 0 {
+				continue
+			}
+			select {
+			case hb.release <- struct{}{}:
+			case <-quit:
+				return
+			case <-done.Done():
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-exited
 	}
 }
