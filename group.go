@@ -32,6 +32,9 @@ type groupSource struct {
 	// joins ends the run of a member that keeps failing to join (the
 	// poller's).
 	joins joinFailures
+	// renewals counts the transactional producers renewed since a
+	// transaction last committed (txnrenew.go). Guarded by commitMu.
+	renewals int
 	// ids caches topic IDs for transactional commits (topicids.go).
 	ids topicIDCache
 	// budgetSpacing is the spacing between commits the member's share of

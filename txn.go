@@ -253,19 +253,13 @@ func inTxnOf(outs []pendingOutput) []outputInTxn {
 // committed it.
 func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted, endedCommit bool, _ error) {
 	e := g.e
-	txn := e.out.cl
 	// A transaction ends even when ctx is done (the settler stops at
 	// shutdown): one left open would refuse the next to begin.
 	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := txn.BeginTransaction(); err != nil {
-		// One an earlier call could not end: abort it, and begin again.
-		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
-			return false, false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
-		}
-		if err := txn.BeginTransaction(); err != nil {
-			return false, false, fmt.Errorf("kpar: beginning a transaction: %w", err)
-		}
+	txn, err := g.begin(ctx, endCtx) // txnrenew.go
+	if err != nil {
+		return false, false, err
 	}
 	var (
 		mu          sync.Mutex
@@ -294,7 +288,7 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 			})
 		}
 	}
-	err := txn.Flush(ctx)
+	err = txn.Flush(ctx)
 	if err != nil {
 		// The flush gave up (ctx done: a stop while the broker is away)
 		// with records still buffered. They must not go out in the next
@@ -345,13 +339,14 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 	}
 	if endErr != nil || err != nil {
 		if errors.Is(endErr, kerr.ProducerFenced) || errors.Is(endErr, kerr.InvalidProducerEpoch) {
-			endErr = fmt.Errorf("%w: another producer runs with this member's transactional ID %q: give every member its own (TransactionalID or InstanceID)", endErr, e.cfg.txnID())
+			endErr = fmt.Errorf("%w: the producer of transactional ID %q was fenced, by a broker that restarted and aborted its transaction, or by another producer with that ID (give every member its own: TransactionalID or InstanceID); the next transaction renews it", endErr, e.cfg.txnID())
 		}
 		if len(todo) > 0 {
 			g.committed(todo, nil, tooLarge)
 		}
 		return refitted, end == kgo.TryCommit, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
 	}
+	g.renewals = 0
 	if asked == nil {
 		asked = askedOffsets(todo)
 	}
