@@ -122,7 +122,7 @@ func newOutputs(c *cfg) (*outputs, error) {
 
 // newOutputsClient makes the client of newOutputs.
 func newOutputsClient(c *cfg) (*kgo.Client, error) {
-	opts := []kgo.Opt{kgo.WithLogger(kgoLogger{L: c.logger})}
+	opts := []kgo.Opt{kgo.WithLogger(kgoLogger(c.logger))}
 	if !c.exactlyOnce {
 		// An input holds its lane until its outputs are acknowledged:
 		// lingering (franz-go's default 10ms) would add to every key's
