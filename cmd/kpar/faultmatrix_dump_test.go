@@ -2,13 +2,41 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
+
+// logRepeatedReplies logs where the first copies of replies read more than
+// once are (partition, offset, producer and epoch), and the batches around
+// the first, as the broker stores them: which transaction repeated them,
+// and how it ended.
+func logRepeatedReplies(ctx context.Context, t *testing.T, addr string, replies []*kgo.Record) {
+	copies := map[string][]*kgo.Record{}
+	var repeated []string
+	for _, r := range replies {
+		v := string(r.Value)
+		if copies[v] = append(copies[v], r); len(copies[v]) == 2 {
+			repeated = append(repeated, v)
+		}
+	}
+	for i, v := range repeated[:min(len(repeated), 5)] {
+		var where []string
+		for _, r := range copies[v] {
+			where = append(where, fmt.Sprintf("%d@%d (producer %d epoch %d)", r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch))
+		}
+		t.Logf("%q read_committed %d times: %v", v, len(where), where)
+		if i == 0 {
+			first := copies[v][0]
+			dumpBatches(ctx, t, addr, "replies", first.Partition, max(first.Offset-40, 0), 60)
+		}
+	}
+}
 
 // dumpBatches logs the record batches of topic/partition from offset
 // from, for n batches, as the broker stores them: producer, epoch,
@@ -53,7 +81,7 @@ func dumpBatches(ctx context.Context, t *testing.T, addr, topic string, partitio
 				raw := p.RecordBatches
 				var lines []string
 				for i := 0; len(raw) >= 12 && i < n; i++ {
-					l := int(uint32(raw[8])<<24 | uint32(raw[9])<<16 | uint32(raw[10])<<8 | uint32(raw[11]))
+					l := int(binary.BigEndian.Uint32(raw[8:12]))
 					if 12+l > len(raw) {
 						break
 					}
@@ -65,7 +93,6 @@ func dumpBatches(ctx context.Context, t *testing.T, addr, topic string, partitio
 					kind := "data"
 					if b.Attributes&0x20 != 0 {
 						kind = "control"
-						// the control record's key: version(2) type(2)
 						kind += fmt.Sprintf("(%s)", controlType(b))
 					} else if b.Attributes&0x10 != 0 {
 						kind = "txn-data"
@@ -78,12 +105,11 @@ func dumpBatches(ctx context.Context, t *testing.T, addr, topic string, partitio
 	}
 }
 
-// controlType reads the marker type of an uncompressed control batch.
+// controlType reads the marker of a control batch: its one record's key
+// is a version (2 bytes) and a type (2 bytes: 0 ABORT, 1 COMMIT).
 func controlType(b kmsg.RecordBatch) string {
-	recs := b.Records
-	// one record: length(varint) attrs(1) tsDelta(varint) offDelta(varint) keyLen(varint) key...
 	r := kmsg.NewRecord()
-	if err := r.ReadFrom(recs); err != nil || len(r.Key) < 4 {
+	if err := r.ReadFrom(b.Records); err != nil || len(r.Key) < 4 {
 		return "?"
 	}
 	switch r.Key[3] {

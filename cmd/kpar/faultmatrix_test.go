@@ -387,28 +387,13 @@ func (c *faultCell) judge(ep *ledgerEndpoint) {
 	var repliesMissing, repliesRepeated, repliesUncommitted int
 	if c.eos {
 		seen := map[string]int{}
-		copies := map[string][]string{} // where each copy of a reply is, for the log when one repeats
 		rctx, cancel := context.WithTimeout(ctx, 20*time.Second) // a read_committed reader stops at an open transaction for good
-		for _, r := range readCommitted(rctx, t, c.addr, "replies", int(rep.Produced)) {
+		replies := readCommitted(rctx, t, c.addr, "replies", int(rep.Produced))
+		for _, r := range replies {
 			seen[string(r.Value)]++
-			copies[string(r.Value)] = append(copies[string(r.Value)], fmt.Sprintf("%d@%d (producer %d epoch %d)", r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch))
 		}
 		cancel()
-		defer func() {
-			shown := 0
-			for v, where := range copies {
-				if len(where) > 1 && shown < 5 {
-					shown++
-					t.Logf("%q read_committed %d times: %v", v, len(where), where)
-					if shown == 1 {
-						var part int32
-						var off int64
-						fmt.Sscanf(where[0], "%d@%d", &part, &off)
-						dumpBatches(ctx, t, c.addr, "replies", part, max(off-40, 0), 60)
-					}
-				}
-			}
-		}()
+		defer logRepeatedReplies(ctx, t, c.addr, replies) // faultmatrix_dump_test.go
 		// What is in the log, committed or not: tells replies never
 		// produced from replies behind a transaction left open.
 		all := map[string]bool{}
