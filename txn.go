@@ -71,6 +71,16 @@ func (e *engine) pendOutputs(ps *partState, t *task) {
 // its predecessor's open transaction at once, instead of readers waiting
 // for the transaction timeout. A share group or a Backfill cannot take it:
 // neither commits offsets a transaction could hold.
+//
+// Through a broker's restart: a transaction whose commit got no answer
+// (the broker died after it took it) is read back from the group's
+// committed offsets until the broker answers, and nothing else commits
+// meanwhile, so its outputs are neither lost nor produced twice. A
+// producer the broker fenced (a restart that aborted its open transaction
+// moves its epoch on, and franz-go then holds it failed for good) is
+// replaced by a new one; after 5 in a row with no transaction committed in
+// between, Run ends with ErrProducerFenced: another producer runs with the
+// member's transactional ID.
 // Default: off.
 func ExactlyOnce() ConsumerOpt { return consumerOpt(func(c *cfg) { c.exactlyOnce = true }) }
 
