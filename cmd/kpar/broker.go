@@ -98,11 +98,12 @@ afresh.
 Transactions and --data-dir: after a kill -9 or a crash, the transactions
 that were open are aborted when the broker starts again (it writes their
 ABORT markers and says so on stderr); their producers are fenced and retry
-in a new transaction. A transaction the death cut in the middle of its
-commit is completed instead: its COMMIT markers in every partition, and its
-offset commits, which the broker journals (kpar-txn-offsets.json) because
-kfake writes them only after the markers. After a clean stop open
-transactions stay open for their producers to end.`
+in a new transaction. A transaction whose COMMIT markers were written but
+not its offset commits (kfake writes them after the markers) gets them from
+a journal the broker keeps (kpar-txn-offsets.json). One cut between two of
+its markers stays half committed, and says so: its inputs are handled
+again. After a clean stop open transactions stay open for their producers
+to end.`
 
 // brokerFlags are kpar broker's flags.
 type brokerFlags struct {

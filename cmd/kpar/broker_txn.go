@@ -49,8 +49,10 @@ import (
 // A death in the middle of a commit is worse: kfake writes the COMMIT
 // markers, then the transaction's offset commits (embedded's
 // txnjournal.go), so the transaction's records are read while its inputs'
-// offsets are not committed, and are handled again: outputs twice. Such a
-// transaction is completed, from the journal the broker keeps.
+// offsets are not committed, and are handled again: outputs twice. A
+// transaction whose markers were all written is completed from the journal
+// the broker keeps; one cut between two of its markers is not (see
+// repairTransactions).
 
 // kfakeSessionState is the file kfake writes on a clean Close with the
 // transactions then in progress, and removes once it loaded them.
@@ -62,18 +64,20 @@ type openTxn struct {
 	partition int32
 	producer  int64
 	epoch     int16
-	first     int64  // offset of its first record in the partition
-	dir       string // the partition's directory
+	first     int64 // offset of its first record in the partition
 }
 
 // repairTransactions ends the transactions that the broker which last used
 // dir left unfinished when it died, and reports them on stderr, a line
-// each: a transaction left open gets its ABORT markers; one cut in the
-// middle of its commit (a COMMIT marker in one of its partitions) gets its
-// COMMIT markers in the others and the offset commits its journal holds
-// (embedded's txnjournal.go). It does nothing after a clean stop: kfake
-// then restores the open transactions, which their producers may still
-// commit, and ends none half.
+// each: a transaction left open gets its ABORT markers; one whose COMMIT
+// markers were all written but not its offset commits gets those, from the
+// journal (embedded's txnjournal.go). One cut in the middle of its markers
+// stays half committed: kfake took its unmarked partitions for aborted as
+// it loaded them, so they get their ABORT markers, and its offsets stay
+// uncommitted (committing them would lose the aborted records' outputs).
+// It does nothing after a clean stop: kfake then restores the open
+// transactions, which their producers may still commit, and ends none
+// half.
 func repairTransactions(ctx context.Context, cfg embedded.Config, stderr io.Writer) error {
 	dir := cfg.DataDir
 	if _, err := os.Stat(filepath.Join(dir, kfakeSessionState)); err == nil {
@@ -87,9 +91,17 @@ func repairTransactions(ctx context.Context, cfg embedded.Config, stderr io.Writ
 	if err != nil {
 		return fmt.Errorf("reading the transactions' offset journal %s in --data-dir %s: %w", embedded.TxnJournalFile, dir, err)
 	}
-	var cut []embedded.JournaledTxn // committed: their offsets may be missing
+	// A committed transaction still open somewhere was cut in the middle
+	// of its markers: it stays half committed (see halfMarked).
+	halfMarked := map[producerEpoch]bool{}
+	for _, o := range open {
+		if k := (producerEpoch{o.producer, o.epoch}); committed[k] {
+			halfMarked[k] = true
+		}
+	}
+	var cut []embedded.JournaledTxn // committed whole: their offsets may be missing
 	for _, t := range journal {
-		if committed[producerEpoch{t.ProducerID, t.Epoch}] {
+		if k := (producerEpoch{t.ProducerID, t.Epoch}); committed[k] && !halfMarked[k] {
 			cut = append(cut, t)
 		}
 	}
@@ -101,24 +113,21 @@ func repairTransactions(ctx context.Context, cfg embedded.Config, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	err = writeMarkers(ctx, c.Addr(), open, committed)
+	err = writeAbortMarkers(ctx, c.Addr(), open)
 	var completed []string
 	if err == nil {
 		completed, err = completeOffsets(ctx, c.Addr(), cut)
 	}
 	c.Close() // saves what the markers and commits changed, and the bumped epochs
-	if err == nil {
-		err = forgetCrashAborts(open, committed)
-	}
 	if err != nil {
 		return fmt.Errorf("ending the transactions left unfinished in --data-dir %s: %w; without it read_committed readers would skip those producers' later transactions, or see a committed transaction's records without its offsets: start again, or use another --data-dir", dir, err)
 	}
-	var aborted, finished []string
-	abortedBy, finishedBy := map[int64]bool{}, map[producerEpoch]bool{}
+	var aborted, half []string
+	abortedBy := map[int64]bool{}
 	for _, o := range open {
 		where := fmt.Sprintf("%s/%d", o.topic, o.partition)
-		if k := (producerEpoch{o.producer, o.epoch}); committed[k] {
-			finished, finishedBy[k] = append(finished, where), true
+		if halfMarked[producerEpoch{o.producer, o.epoch}] {
+			half = append(half, where)
 		} else {
 			aborted, abortedBy[o.producer] = append(aborted, where), true
 		}
@@ -127,43 +136,16 @@ func repairTransactions(ctx context.Context, cfg embedded.Config, stderr io.Writ
 		fmt.Fprintf(stderr, "kpar broker: the broker that used --data-dir %s did not stop cleanly (kill -9 or a crash): aborted the %d transaction(s) it left open (in %s); read_committed readers skip their records, their producers are fenced and retry in a new transaction\n",
 			dir, len(abortedBy), strings.Join(sortedSet(aborted), ", "))
 	}
-	var what []string
-	if len(finished) > 0 {
-		what = append(what, "their COMMIT markers in "+strings.Join(sortedSet(finished), ", "))
-	}
 	if len(completed) > 0 {
-		what = append(what, "their offset commits of "+strings.Join(sortedSet(completed), ", "))
+		fmt.Fprintf(stderr, "kpar broker: the broker that used --data-dir %s died in the middle of committing transactions (kill -9 or a crash): completed their commits (their offset commits of %s), so that their inputs are not handled again\n",
+			dir, strings.Join(sortedSet(completed), ", "))
 	}
-	if len(what) > 0 {
-		fmt.Fprintf(stderr, "kpar broker: the broker that used --data-dir %s died in the middle of committing transactions (kill -9 or a crash): completed their commits (%s), so that their records are read once and their inputs not handled again\n",
-			dir, strings.Join(what, "; "))
-	}
-	return nil
-}
-
-// forgetCrashAborts removes the snapshot of each partition where a
-// transaction of open got its COMMIT marker. kfake, loading the directory
-// for the repair, took that transaction for aborted (records and no
-// marker) and the snapshot its clean stop wrote keeps that: readers would
-// skip the records the marker commits. Without a snapshot, the next start
-// replays the partition's segments, where the transaction ends with its
-// COMMIT marker, as after any kill.
-func forgetCrashAborts(open []openTxn, committed map[producerEpoch]bool) error {
-	for _, o := range open {
-		if !committed[producerEpoch{o.producer, o.epoch}] {
-			continue
-		}
-		if err := os.Remove(filepath.Join(o.dir, kfakePartitionSnapshot)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
+	if len(half) > 0 {
+		fmt.Fprintf(stderr, "kpar broker: the broker that used --data-dir %s died while it wrote a transaction's COMMIT markers (kill -9 or a crash): aborted it where no marker was written (%s), and left its offsets uncommitted; its consumers handle its inputs again, and a read_committed reader of the partitions it committed in sees their outputs twice (a limit of the development broker: Kafka completes such a commit)\n",
+			dir, strings.Join(sortedSet(half), ", "))
 	}
 	return nil
 }
-
-// kfakePartitionSnapshot is the file kfake writes in a partition's
-// directory on a clean Close, and loads instead of replaying the segments
-// when it matches them.
-const kfakePartitionSnapshot = "snapshot.json"
 
 // producerEpoch names a transaction: with KIP-890 a producer's epoch moves
 // on at each of its transactions' ends, and kfake's markers carry the
@@ -260,7 +242,7 @@ func findOpenTransactions(dir string) ([]openTxn, map[producerEpoch]bool, error)
 			return nil, nil, err
 		}
 		for _, o := range found {
-			o.topic, o.partition, o.dir = topic, int32(partition), filepath.Join(dir, "partitions", p.Name())
+			o.topic, o.partition = topic, int32(partition)
 			open = append(open, o)
 		}
 	}
@@ -326,10 +308,11 @@ func openInPartition(pdir string, committed map[producerEpoch]bool) ([]openTxn, 
 	return out, nil
 }
 
-// writeMarkers sends one WriteTxnMarkers request to the broker at addr: a
-// marker for each transaction of open, COMMIT for those committed holds
-// (a COMMIT marker in another partition), ABORT for the others.
-func writeMarkers(ctx context.Context, addr string, open []openTxn, committed map[producerEpoch]bool) error {
+// writeAbortMarkers sends one WriteTxnMarkers request, an ABORT marker for
+// each transaction of open, to the broker at addr. kfake took them for
+// aborted when it loaded the directory (records and no marker): a COMMIT
+// marker now would not make their records readable.
+func writeAbortMarkers(ctx context.Context, addr string, open []openTxn) error {
 	if len(open) == 0 {
 		return nil
 	}
@@ -343,7 +326,7 @@ func writeMarkers(ctx context.Context, addr string, open []openTxn, committed ma
 	req := kmsg.NewPtrWriteTxnMarkersRequest()
 	for _, o := range open {
 		m := kmsg.NewWriteTxnMarkersRequestMarker()
-		m.ProducerID, m.ProducerEpoch, m.Committed = o.producer, o.epoch, committed[producerEpoch{o.producer, o.epoch}]
+		m.ProducerID, m.ProducerEpoch, m.Committed = o.producer, o.epoch, false
 		t := kmsg.NewWriteTxnMarkersRequestMarkerTopic()
 		t.Topic, t.Partitions = o.topic, []int32{o.partition}
 		m.Topics = append(m.Topics, t)
