@@ -441,6 +441,7 @@ func (g *groupSource) txnCommitted(todo []commitPart, asked map[string]map[int32
 		asked = askedOffsets(todo)
 	}
 	g.committed(todo, asked, nil)
+	g.lost.landed(todo)
 	for _, h := range g.e.hooks.commit {
 		h.OnCommit(asked, nil)
 	}
