@@ -261,7 +261,7 @@ func backfillConfig(r Range, opts []BackfillOpt) (*cfg, error) {
 // of the admin client): kpar's fetch defaults, the caller's options, the
 // seeds.
 func (c *cfg) backfillClientOpts(readers int) []kgo.Opt {
-	opts := []kgo.Opt{kgo.WithLogger(kgoLogger{L: c.logger})}
+	opts := []kgo.Opt{kgo.WithLogger(kgoLogger(c.logger))}
 	if readers > 0 {
 		// Every reader buffers one fetch: together they stay within a
 		// quarter of MaxBufferedBytes, as the engine's client does.

@@ -37,6 +37,16 @@ var ErrFinalCommit = errors.New("kpar: the final commit failed; the records fini
 // out).
 var ErrOrderingMismatch = errors.New("kpar: the group's members use another ordering mode (or are not kpar consumers): use one ordering for every member of a group")
 
+// ErrProducerFenced is returned by Run with ExactlyOnce when the member's
+// transactional producer was fenced again and again with no transaction
+// committed in between: another producer runs with its transactional ID.
+// A fenced producer is replaced (a broker restart that aborted its open
+// transaction fences it once); a member whose group refuses its commits
+// while another producer keeps fencing it gives up. Give every member its
+// own transactional ID (TransactionalID or InstanceID), and stop the
+// member that was replaced.
+var ErrProducerFenced = errors.New("kpar: the transactional producer keeps being fenced: another producer runs with this member's transactional ID; give every member its own (TransactionalID or InstanceID)")
+
 // Overloaded marks err as the downstream pushing back (an HTTP 429 or 503,
 // a connection refused, a full queue). The attempt does not count against
 // MaxAttempts: the record waits until the downstream takes it, it is not

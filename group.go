@@ -32,6 +32,13 @@ type groupSource struct {
 	// joins ends the run of a member that keeps failing to join (the
 	// poller's).
 	joins joinFailures
+	// unknown is the transaction whose outcome the broker has not told
+	// yet, nil for none: nothing commits until it does (txn.go). Guarded
+	// by commitMu.
+	unknown *unknownTxn
+	// renewals counts the transactional producers renewed since a
+	// transaction last committed (txnrenew.go). Guarded by commitMu.
+	renewals int
 	// ids caches topic IDs for transactional commits (topicids.go).
 	ids topicIDCache
 	// budgetSpacing is the spacing between commits the member's share of
@@ -164,7 +171,7 @@ func (g *groupSource) clientOpts() []kgo.Opt {
 func (c *cfg) groupClientOpts(defaults []kgo.Opt, topics []string, owned ...kgo.Opt) []kgo.Opt {
 	opts := append([]kgo.Opt{
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.WithLogger(kgoLogger{L: c.logger}),
+		kgo.WithLogger(kgoLogger(c.logger)),
 	}, defaults...)
 	opts = append(opts, c.clientOpts...)
 	if len(c.brokers) > 0 {

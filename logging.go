@@ -1,6 +1,11 @@
 package kpar
 
-import "github.com/kpar/kpar/internal/kgolog"
+import (
+	"log/slog"
 
-// kgoLogger routes franz-go's logs to the Consumer's slog.Logger.
-type kgoLogger = kgolog.Logger
+	"github.com/kpar/kpar/internal/kgolog"
+)
+
+// kgoLogger routes franz-go's logs to the Consumer's slog.Logger, thinning
+// warnings that repeat.
+func kgoLogger(l *slog.Logger) kgolog.Logger { return kgolog.New(l) }

@@ -87,10 +87,14 @@ func (c *attemptCtx) takeOutputs() []*kgo.Record {
 // Default: off (Emit returns ErrNoOutputs).
 func Outputs() FlowOpt { return flowOpt(func(c *cfg) { c.outputs = true }) }
 
-// outputs produces what handlers emit. The client is set by the source's
-// open; read-only afterwards.
+// outputs produces what handlers emit.
 type outputs struct {
+	// cl is the producer. At least once, it is set by newOutputs and
+	// read-only afterwards. With ExactlyOnce, renew replaces it when its
+	// producer ID is failed for good (txnrenew.go); renew and every use
+	// of it after the source opened hold groupSource.commitMu.
 	cl     *kgo.Client
+	cfg    *cfg // what renew builds the next client from
 	eos    bool // ExactlyOnce: the group source's transactions produce them
 	limits topicLimits
 	// judging is the goroutines that judge failed produces (outputFailed
@@ -109,7 +113,16 @@ func (o *outputs) close() {
 // newOutputs makes the producer of outputs: transactional with
 // ExactlyOnce.
 func newOutputs(c *cfg) (*outputs, error) {
-	opts := []kgo.Opt{kgo.WithLogger(kgoLogger{L: c.logger})}
+	cl, err := newOutputsClient(c)
+	if err != nil {
+		return nil, err
+	}
+	return &outputs{cl: cl, cfg: c, eos: c.exactlyOnce}, nil
+}
+
+// newOutputsClient makes the client of newOutputs.
+func newOutputsClient(c *cfg) (*kgo.Client, error) {
+	opts := []kgo.Opt{kgo.WithLogger(kgoLogger(c.logger))}
 	if !c.exactlyOnce {
 		// An input holds its lane until its outputs are acknowledged:
 		// lingering (franz-go's default 10ms) would add to every key's
@@ -133,7 +146,7 @@ func newOutputs(c *cfg) (*outputs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kpar: creating the client of the outputs: %w", err)
 	}
-	return &outputs{cl: cl, eos: c.exactlyOnce}, nil
+	return cl, nil
 }
 
 // produceOutputs produces rs and waits for every acknowledgement. It

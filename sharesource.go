@@ -94,7 +94,7 @@ func (s *shareSource) snapshot() ShareStats {
 func (s *shareSource) clientOpts(admin bool) []kgo.Opt {
 	c := s.cfg
 	opts := []kgo.Opt{
-		kgo.WithLogger(kgoLogger{L: c.logger}),
+		kgo.WithLogger(kgoLogger(c.logger)),
 	}
 	// A group's fetch sizes (fetchsize.go): a broker that honours them
 	// (Kafka does, kfake does not) bounds the acquired records waiting

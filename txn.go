@@ -71,6 +71,16 @@ func (e *engine) pendOutputs(ps *partState, t *task) {
 // its predecessor's open transaction at once, instead of readers waiting
 // for the transaction timeout. A share group or a Backfill cannot take it:
 // neither commits offsets a transaction could hold.
+//
+// Through a broker's restart: a transaction whose commit got no answer
+// (the broker died after it took it) is read back from the group's
+// committed offsets until the broker answers, and nothing else commits
+// meanwhile, so its outputs are neither lost nor produced twice. A
+// producer the broker fenced (a restart that aborted its open transaction
+// moves its epoch on, and franz-go then holds it failed for good) is
+// replaced by a new one; after 5 in a row with no transaction committed in
+// between, Run ends with ErrProducerFenced: another producer runs with the
+// member's transactional ID.
 // Default: off.
 func ExactlyOnce() ConsumerOpt { return consumerOpt(func(c *cfg) { c.exactlyOnce = true }) }
 
@@ -127,6 +137,14 @@ func isKafkaSink(s deadletter.Sink) bool {
 // stop, where the final commit has no next settle, so that it ends cleanly.
 func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 	e := g.e
+	if g.unknown != nil {
+		// Nothing commits before the outcome of the last transaction is
+		// known: a commit covers its records, which must not be without
+		// their outputs, nor with them twice.
+		if err := g.settleUnknown(ctx); err != nil {
+			return err
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		// The transaction commits as the member that held the partitions
 		// when it took their outputs: read before the snapshot, a newer
@@ -167,27 +185,74 @@ func (g *groupSource) commitTxn(ctx context.Context, only []*partState) error {
 func (g *groupSource) runTxn(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput, attempt int) (again bool, _ error) {
 	e := g.e
 	refitted, endedCommit, err := g.transact(ctx, member, todo, outs)
+	if errors.Is(err, errTxnOutcomeUnknown) {
+		// Parked, its records still in inTxn: a loss keeps them waiting
+		// for it, as for a transaction in flight.
+		g.unknown = &unknownTxn{todo: todo, outs: outs}
+		e.mu.Lock()
+		e.askCommit()
+		e.mu.Unlock()
+		return false, err
+	}
+	again = err != nil && refitted && attempt < maxRefitAttempts && ctx.Err() == nil
+	return again, g.ended(outs, endedCommit, err, again)
+}
+
+// ended ends a transaction that committed (err nil) or failed with err:
+// its outputs go back to wait for the next one, those of partitions lost
+// meanwhile to what was kept of them, unless it asked to commit
+// (endedCommit; it may have committed after all: their records run
+// again). again says that the next one goes at once; else the settler
+// tries after its backoff. Called with commitMu held.
+func (g *groupSource) ended(outs []pendingOutput, endedCommit bool, err error, again bool) error {
+	e := g.e
 	e.mu.Lock()
 	g.inTxn = nil
 	if err == nil {
 		e.mu.Unlock()
-		return false, nil
+		return nil
 	}
 	lost := e.putBackOutputs(outs)
 	if endedCommit {
-		lost = nil // it may have committed after all: their records run again
+		lost = nil
 	} else {
 		lost = e.regain(lost) // aborted for sure: none of them is visible
 	}
-	again = refitted && attempt < maxRefitAttempts && ctx.Err() == nil
 	if !again {
-		e.askCommit() // try again after the settler's backoff
+		e.askCommit()
 	}
 	e.mu.Unlock()
 	if len(lost) > 0 {
 		g.lost.returned(lost, e.cfg.maxBytes)
 	}
-	return again, err
+	return err
+}
+
+// unknownTxn is a transaction whose commit failed with an outcome the
+// broker did not tell before the run began to stop: its commit (todo) and
+// outputs, parked until the group's offsets tell (settleUnknown).
+type unknownTxn struct {
+	todo []commitPart
+	outs []pendingOutput
+}
+
+// settleUnknown reads whether the parked transaction committed: if it
+// did, its commit counts; if not, it ended as an aborted one. It returns
+// errTxnOutcomeUnknown while the broker does not tell. Called with
+// commitMu held.
+func (g *groupSource) settleUnknown(ctx context.Context) error {
+	u := g.unknown
+	landed, known := g.txnLanded(ctx, u.todo, nil)
+	if !known {
+		return errTxnOutcomeUnknown
+	}
+	g.unknown = nil
+	if landed {
+		g.txnCommitted(u.todo, nil)
+		return g.ended(u.outs, false, nil, false)
+	}
+	g.ended(u.outs, false, errTxnOutcomeUnknown, false) // aborted for sure
+	return nil
 }
 
 // maxRefitAttempts bounds the transactions one commit runs while outputs
@@ -253,19 +318,25 @@ func inTxnOf(outs []pendingOutput) []outputInTxn {
 // committed it.
 func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo []commitPart, outs []pendingOutput) (refitted, endedCommit bool, _ error) {
 	e := g.e
-	txn := e.out.cl
 	// A transaction ends even when ctx is done (the settler stops at
 	// shutdown): one left open would refuse the next to begin.
 	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := txn.BeginTransaction(); err != nil {
-		// One an earlier call could not end: abort it, and begin again.
+	txn, err := g.begin(ctx, endCtx) // txnrenew.go
+	if err != nil {
+		return false, false, err
+	}
+	// A producer ID franz-go could not load (no broker reachable) is
+	// loaded again by the produces, and while records wait for it kgo's
+	// sink retries without a pause: 25,000 tries a second, each logged
+	// ("unable to load producer ID"), for the whole outage. A transaction
+	// that cannot have its ID now fails before it produces anything, and
+	// the settler's backoff paces the next.
+	if _, _, err := txn.ProducerID(ctx); err != nil {
 		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
-			return false, false, fmt.Errorf("kpar: beginning a transaction: %w (aborting the one still open: %v)", err, abortErr)
+			err = fmt.Errorf("%w (aborting it: %w)", err, abortErr)
 		}
-		if err := txn.BeginTransaction(); err != nil {
-			return false, false, fmt.Errorf("kpar: beginning a transaction: %w", err)
-		}
+		return false, false, fmt.Errorf("kpar: the transaction's producer ID: %w", err)
 	}
 	var (
 		mu          sync.Mutex
@@ -294,7 +365,7 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 			})
 		}
 	}
-	err := txn.Flush(ctx)
+	err = txn.Flush(ctx)
 	if err != nil {
 		// The flush gave up (ctx done: a stop while the broker is away)
 		// with records still buffered. They must not go out in the next
@@ -339,27 +410,41 @@ func (g *groupSource) transact(ctx context.Context, member groupIdentity, todo [
 		if abortErr := txn.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil {
 			e.log.Warn("kpar: aborting a transaction whose commit failed failed too", "commit_err", endErr, "err", abortErr)
 		}
-		if g.txnLanded(endCtx, todo) {
+		switch landed, known := g.txnLanded(ctx, todo, endErr); {
+		case !known:
+			// Neither produced again (it may have committed) nor dropped
+			// (it may not have): parked (runTxn) until it is known.
+			return refitted, true, fmt.Errorf("%w: %w", errTxnOutcomeUnknown, endErr)
+		case landed:
 			endErr = nil
 		}
 	}
 	if endErr != nil || err != nil {
 		if errors.Is(endErr, kerr.ProducerFenced) || errors.Is(endErr, kerr.InvalidProducerEpoch) {
-			endErr = fmt.Errorf("%w: another producer runs with this member's transactional ID %q: give every member its own (TransactionalID or InstanceID)", endErr, e.cfg.txnID())
+			endErr = fmt.Errorf("%w: the producer of transactional ID %q was fenced, by a broker that restarted and aborted its transaction, or by another producer with that ID (give every member its own: TransactionalID or InstanceID); the next transaction renews it", endErr, e.cfg.txnID())
 		}
 		if len(todo) > 0 {
 			g.committed(todo, nil, tooLarge)
 		}
 		return refitted, end == kgo.TryCommit, fmt.Errorf("kpar: transaction aborted; its outputs go into the next one: %w", errors.Join(err, endErr))
 	}
+	g.txnCommitted(todo, asked)
+	return false, true, nil
+}
+
+// txnCommitted records the commit of a transaction that committed: asked
+// are the offsets that landed, nil for all of todo's. Called with
+// commitMu held.
+func (g *groupSource) txnCommitted(todo []commitPart, asked map[string]map[int32]int64) {
+	g.renewals = 0
 	if asked == nil {
 		asked = askedOffsets(todo)
 	}
 	g.committed(todo, asked, nil)
-	for _, h := range e.hooks.commit {
+	g.lost.landed(todo)
+	for _, h := range g.e.hooks.commit {
 		h.OnCommit(asked, nil)
 	}
-	return false, true, nil
 }
 
 // outputRefusal is an output a topic refused, and the error it gave.
@@ -368,26 +453,68 @@ type outputRefusal struct {
 	err error
 }
 
-// txnLanded reports whether the group's committed offsets are those todo
-// committed, metadata included: the transaction that carried them
-// committed. It reads them stable (KIP-447): a transaction still pending
-// is waited for.
-func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart) bool {
+// txnLanded reports whether the transaction that carried the commit of
+// todo, whose end failed with endErr, committed: the group's committed
+// offsets are todo's, metadata included. It reads them stable (KIP-447),
+// so that a transaction still pending is waited for, and asks until the
+// group's coordinator answers; known is false when ctx ended first. An
+// EndTxn lost with a broker that died after it wrote the commit fails
+// with a dial error while the broker is away: taking a failed read for
+// "not committed" produced the committed outputs again (the fault
+// matrix's broker restarts, exactly once: 3 to 1,644 replies twice).
+func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart, endErr error) (landed, known bool) {
 	if len(todo) == 0 {
-		return false
+		return false, true
 	}
-	resps, err := kadm.NewClient(g.cl).FetchOffsets(ctx, g.e.cfg.group)
-	if err != nil {
-		return false
-	}
-	for _, p := range todo {
-		r, ok := resps.Lookup(p.ps.topic, p.ps.partition)
-		if !ok || r.Err != nil || r.At != p.offset || r.Metadata != p.meta {
-			return false
+	adm := kadm.NewClient(g.cl)
+	for wait, asked := 100*time.Millisecond, 0; ; wait, asked = min(2*wait, 2*time.Second), asked+1 {
+		resps, err := adm.FetchOffsets(kadm.RequireStable(ctx), g.e.cfg.group)
+		if err == nil {
+			err = resps.Error()
+		}
+		if err == nil {
+			for _, p := range todo {
+				r, ok := resps.Lookup(p.ps.topic, p.ps.partition)
+				if !ok || r.At != p.offset || r.Metadata != p.meta {
+					g.e.log.Info("kpar: the transaction whose commit had an unknown outcome did not commit; its outputs go into the next one",
+						"topic", p.ps.topic, "partition", p.ps.partition, "its_offset", p.offset, "committed_offset", r.At, "its_metadata", p.meta, "committed_metadata", r.Metadata)
+					return false, true
+				}
+			}
+			g.e.log.Info("kpar: the transaction whose commit had an unknown outcome committed")
+			return true, true
+		}
+		if errors.Is(err, kerr.UnstableOffsetCommit) && refusedCommit(endErr) {
+			// A transaction holds the offsets, and the broker refused to
+			// commit this one: it stays open until it is aborted (the
+			// next producer's initialisation does it, or the transaction
+			// timeout), and it cannot commit.
+			return false, true
+		}
+		if asked == 0 {
+			g.e.log.Warn("kpar: a transaction's commit failed with an unknown outcome; reading the group's committed offsets until the broker answers, before anything else commits",
+				"transactional_id", g.e.cfg.txnID(), "commit_err", endErr, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return false, false
+		case <-time.After(wait):
 		}
 	}
-	return true
 }
+
+// refusedCommit reports whether err, an EndTxn's with commit, is the
+// broker's refusal: a Kafka error code it calls not retriable, but
+// UNKNOWN_SERVER_ERROR. Anything else (no answer, a timeout, a retriable
+// code that outlived the retries) leaves the outcome unknown.
+func refusedCommit(err error) bool {
+	var ke *kerr.Error
+	return errors.As(err, &ke) && !ke.Retriable && ke.Code != kerr.UnknownServerError.Code
+}
+
+// errTxnOutcomeUnknown is the commit's error while a transaction's outcome
+// is unknown.
+var errTxnOutcomeUnknown = errors.New("kpar: a transaction's commit failed and the broker has not said whether it committed; nothing commits until it does (if the run stops first, a restart handles again what the last known commit does not cover, and each output appears once)")
 
 // groupIdentity is a member's ID and generation (or epoch) in its group.
 type groupIdentity struct {

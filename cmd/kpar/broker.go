@@ -28,7 +28,7 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			fmt.Fprintf(stderr, "kpar broker: %v\n", err)
 			return 1
 		}
-		if err := abortOrphanedTransactions(ctx, b.config(stderr), stderr); err != nil { // broker_txn.go
+		if err := repairTransactions(ctx, b.config(stderr), stderr); err != nil { // broker_txn.go
 			fmt.Fprintf(stderr, "kpar broker: %v\n", err)
 			return 1
 		}
@@ -98,7 +98,11 @@ afresh.
 Transactions and --data-dir: after a kill -9 or a crash, the transactions
 that were open are aborted when the broker starts again (it writes their
 ABORT markers and says so on stderr); their producers are fenced and retry
-in a new transaction. After a clean stop they stay open for their producers
+in a new transaction. A transaction whose COMMIT markers were written but
+not its offset commits (kfake writes them after the markers) gets them from
+a journal the broker keeps (kpar-txn-offsets.json). One cut between two of
+its markers stays half committed, and says so: its inputs are handled
+again. After a clean stop open transactions stay open for their producers
 to end.`
 
 // brokerFlags are kpar broker's flags.

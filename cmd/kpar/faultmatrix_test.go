@@ -388,10 +388,12 @@ func (c *faultCell) judge(ep *ledgerEndpoint) {
 	if c.eos {
 		seen := map[string]int{}
 		rctx, cancel := context.WithTimeout(ctx, 20*time.Second) // a read_committed reader stops at an open transaction for good
-		for _, r := range readCommitted(rctx, t, c.addr, "replies", int(rep.Produced)) {
+		replies := readCommitted(rctx, t, c.addr, "replies", int(rep.Produced))
+		for _, r := range replies {
 			seen[string(r.Value)]++
 		}
 		cancel()
+		defer logRepeatedReplies(ctx, t, c.addr, replies) // faultmatrix_dump_test.go
 		// What is in the log, committed or not: tells replies never
 		// produced from replies behind a transaction left open.
 		all := map[string]bool{}

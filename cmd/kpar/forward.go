@@ -445,7 +445,7 @@ func (s deadLetterSink) open(ctx context.Context, seeds []string, secOpts []kgo.
 		kgo.SeedBrokers(seeds...),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.AllowAutoTopicCreation(),
-		kgo.WithLogger(kgolog.Logger{L: log.With("client", "dead-letters")}),
+		kgo.WithLogger(kgolog.New(log.With("client", "dead-letters"))),
 	}, secOpts...)...)
 	if err != nil {
 		return nil, nil, err

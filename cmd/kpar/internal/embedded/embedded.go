@@ -29,6 +29,8 @@
 // and the transactions in progress: kfake aborts those in memory but writes
 // no ABORT marker, so read_committed readers then skip that producer's later
 // transactions too (kpar broker writes the markers: cmd/kpar/broker_txn.go).
+// A kill in the middle of a transaction's commit leaves it half committed;
+// Start journals what the repair needs to complete it (txnjournal.go).
 // Surviving a machine crash or power loss needs fsync on every write: pass
 // kfake.SyncWrites() in Config.Opts.
 //
@@ -145,6 +147,7 @@ func Start(cfg Config) (*Cluster, error) {
 	}
 	if cfg.DataDir != "" {
 		persistAutoCreatedTopics(kc)
+		journalTxnOffsets(kc, cfg.DataDir) // txnjournal.go
 	}
 	// NewCluster has bound the listener, so connections queue from here on
 	// even before its accept loop runs.
