@@ -484,11 +484,13 @@ func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart, endErr e
 			g.e.log.Info("kpar: the transaction whose commit had an unknown outcome committed")
 			return true, true
 		}
-		if errors.Is(err, kerr.UnstableOffsetCommit) && refusedCommit(endErr) {
+		if errors.Is(err, kerr.UnstableOffsetCommit) && failedForGood(endErr) {
 			// A transaction holds the offsets, and the broker refused to
-			// commit this one: it stays open until it is aborted (the
-			// next producer's initialisation does it, or the transaction
-			// timeout), and it cannot commit.
+			// commit this one with a code it calls final (txnrenew.go;
+			// not CONCURRENT_TRANSACTIONS, which a commit in progress
+			// answers, nor UNKNOWN_SERVER_ERROR): it stays open until it
+			// is aborted (the next producer's initialisation does it, or
+			// the transaction timeout), and it cannot commit.
 			return false, true
 		}
 		if asked == 0 {
@@ -501,15 +503,6 @@ func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart, endErr e
 		case <-time.After(wait):
 		}
 	}
-}
-
-// refusedCommit reports whether err, an EndTxn's with commit, is the
-// broker's refusal: a Kafka error code it calls not retriable, but
-// UNKNOWN_SERVER_ERROR. Anything else (no answer, a timeout, a retriable
-// code that outlived the retries) leaves the outcome unknown.
-func refusedCommit(err error) bool {
-	var ke *kerr.Error
-	return errors.As(err, &ke) && !ke.Retriable && ke.Code != kerr.UnknownServerError.Code
 }
 
 // errTxnOutcomeUnknown is the commit's error while a transaction's outcome
