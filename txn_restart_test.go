@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // openPredecessorTxn leaves, as a member killed mid-transaction does, an
@@ -33,45 +35,8 @@ func openPredecessorTxn(t *testing.T, addrs []string, txnID, group, topic string
 	if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("predecessor's output")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	id, epoch, err := cl.ProducerID(ctx)
-	if err != nil {
+	if err := testkit.CommitOffsetsInTxn(ctx, cl, txnID, group, topic, map[int32]int64{0: 1}, nil); err != nil {
 		t.Fatal(err)
-	}
-	add := kmsg.NewPtrAddOffsetsToTxnRequest()
-	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = txnID, id, epoch, group
-	addResp, err := add.RequestWith(ctx, cl)
-	if err == nil {
-		err = kerr.ErrorForCode(addResp.ErrorCode)
-	}
-	if err != nil {
-		t.Fatalf("AddOffsetsToTxn: %v", err)
-	}
-	req := kmsg.NewPtrTxnOffsetCommitRequest()
-	req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch, req.Generation = txnID, group, id, epoch, -1
-	meta := kmsg.NewPtrMetadataRequest()
-	mt := kmsg.NewMetadataRequestTopic()
-	mt.Topic = kmsg.StringPtr(topic)
-	meta.Topics = append(meta.Topics, mt)
-	metaResp, err := meta.RequestWith(ctx, cl)
-	if err != nil || len(metaResp.Topics) != 1 {
-		t.Fatalf("metadata of %s: %v", topic, err)
-	}
-	rt := kmsg.NewTxnOffsetCommitRequestTopic()
-	rt.Topic, rt.TopicID = topic, metaResp.Topics[0].TopicID // v6+ names a topic by its ID
-	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
-	rp.Partition, rp.Offset, rp.LeaderEpoch = 0, 1, -1
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, cl)
-	if err == nil {
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				err = kerr.ErrorForCode(p.ErrorCode)
-			}
-		}
-	}
-	if err != nil {
-		t.Fatalf("TxnOffsetCommit: %v", err)
 	}
 }
 

@@ -274,18 +274,7 @@ func openInPartition(pdir string, committed map[producerEpoch]bool) ([]openTxn, 
 		if err != nil {
 			return nil, err
 		}
-		// Each batch: base offset (8 bytes), length (4), then length
-		// bytes. kfake ignores a torn batch at the end; so do we.
-		for len(raw) >= 12 {
-			n := int(binary.BigEndian.Uint32(raw[8:12]))
-			if n < 0 || 12+n > len(raw) {
-				break
-			}
-			var b kmsg.RecordBatch
-			if err := b.ReadFrom(raw[:12+n]); err != nil {
-				break
-			}
-			raw = raw[12+n:]
+		eachBatch(raw, func(b kmsg.RecordBatch) bool {
 			switch {
 			case b.Attributes&batchTransactional == 0:
 			case b.Attributes&batchControl != 0:
@@ -298,7 +287,8 @@ func openInPartition(pdir string, committed map[producerEpoch]bool) ([]openTxn, 
 					open[b.ProducerID] = openTxn{producer: b.ProducerID, epoch: b.ProducerEpoch, first: b.FirstOffset}
 				}
 			}
-		}
+			return true
+		})
 	}
 	var out []openTxn
 	for _, o := range open {
@@ -350,10 +340,44 @@ func writeAbortMarkers(ctx context.Context, addr string, open []openTxn) error {
 	return nil
 }
 
-// isCommitMarker reports whether control batch b is a COMMIT marker: its
-// one record's key is a version (2 bytes) and a type (2 bytes: 0 ABORT,
-// 1 COMMIT).
-func isCommitMarker(b kmsg.RecordBatch) bool {
+// eachBatch calls fn with each record batch of raw, a run of Kafka record
+// batches as kfake's segment files and a fetch's records hold them (each a
+// base offset of 8 bytes, a length of 4, then that many bytes), until fn
+// returns false. kfake ignores a torn batch at the end; so does eachBatch,
+// and it stops at one it cannot read.
+func eachBatch(raw []byte, fn func(kmsg.RecordBatch) bool) {
+	for len(raw) >= 12 {
+		n := int(binary.BigEndian.Uint32(raw[8:12]))
+		if n < 0 || 12+n > len(raw) {
+			return
+		}
+		var b kmsg.RecordBatch
+		if err := b.ReadFrom(raw[:12+n]); err != nil || !fn(b) {
+			return
+		}
+		raw = raw[12+n:]
+	}
+}
+
+// markerType reads the marker of control batch b: its one record's key is
+// a version (2 bytes) and a type (2 bytes: 0 ABORT, 1 COMMIT). ok is false
+// for a key of another shape.
+func markerType(b kmsg.RecordBatch) (commit, ok bool) {
 	r := kmsg.NewRecord()
-	return r.ReadFrom(b.Records) == nil && len(r.Key) >= 4 && binary.BigEndian.Uint16(r.Key[2:4]) == 1
+	if r.ReadFrom(b.Records) != nil || len(r.Key) < 4 {
+		return false, false
+	}
+	switch binary.BigEndian.Uint16(r.Key[2:4]) {
+	case 0:
+		return false, true
+	case 1:
+		return true, true
+	}
+	return false, false
+}
+
+// isCommitMarker reports whether control batch b is a COMMIT marker.
+func isCommitMarker(b kmsg.RecordBatch) bool {
+	commit, ok := markerType(b)
+	return ok && commit
 }

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kpar/kpar/internal/testkit"
 )
 
 // TestBrokerCompletesATransactionAKillCutInHalf: kfake commits a
@@ -55,7 +55,10 @@ func TestBrokerCompletesATransactionAKillCutInHalf(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			commitOffsetsInTxn(ctx, t, cl, "t1", "g", "txns", 7, "m")
+			meta := "m"
+			if err := testkit.CommitOffsetsInTxn(ctx, cl, "t1", "g", "txns", map[int32]int64{0: 7, 1: 7}, &meta); err != nil {
+				t.Fatal(err)
+			}
 
 			// What the files held before the commit.
 			groupsLog := filepath.Join(dir, "groups.log")
@@ -125,58 +128,6 @@ func TestBrokerCompletesATransactionAKillCutInHalf(t *testing.T) {
 			}
 		})
 	}
-}
-
-// commitOffsetsInTxn adds to cl's open transaction the commit of offset at,
-// with metadata meta, for both partitions of topic in group.
-func commitOffsetsInTxn(ctx context.Context, t *testing.T, cl *kgo.Client, txnID, group, topic string, at int64, meta string) {
-	t.Helper()
-	id, epoch, err := cl.ProducerID(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	add := kmsg.NewPtrAddOffsetsToTxnRequest()
-	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = txnID, id, epoch, group
-	addResp, err := add.RequestWith(ctx, cl)
-	if err == nil {
-		err = kerr.ErrorForCode(addResp.ErrorCode)
-	}
-	if err != nil {
-		t.Fatalf("AddOffsetsToTxn: %v", err)
-	}
-	tds, err := kadm.NewClient(cl).ListTopics(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := kmsg.NewPtrTxnOffsetCommitRequest()
-	req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch, req.Generation = txnID, group, id, epoch, -1
-	rt := kmsg.NewTxnOffsetCommitRequestTopic()
-	rt.Topic, rt.TopicID = topic, tds[topic].ID
-	for p := range int32(2) {
-		rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
-		rp.Partition, rp.Offset, rp.LeaderEpoch, rp.Metadata = p, at, -1, &meta
-		rt.Partitions = append(rt.Partitions, rp)
-	}
-	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, cl)
-	if err == nil {
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				err = cmpErr(err, kerr.ErrorForCode(p.ErrorCode))
-			}
-		}
-	}
-	if err != nil {
-		t.Fatalf("TxnOffsetCommit: %v", err)
-	}
-}
-
-// cmpErr is a, or b when a is nil.
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // fileSize is the size of file f.

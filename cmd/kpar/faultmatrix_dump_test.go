@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -78,45 +77,26 @@ func dumpBatches(ctx context.Context, t *testing.T, addr, topic string, partitio
 					t.Logf("dump %s/%d from %d: LSO %d HWM %d aborted %v", topic, partition, from, p.LastStableOffset, p.HighWatermark, ab)
 					continue
 				}
-				raw := p.RecordBatches
 				var lines []string
-				for i := 0; len(raw) >= 12 && i < n; i++ {
-					l := int(binary.BigEndian.Uint32(raw[8:12]))
-					if 12+l > len(raw) {
-						break
-					}
-					var b kmsg.RecordBatch
-					if err := b.ReadFrom(raw[:12+l]); err != nil {
-						break
-					}
-					raw = raw[12+l:]
+				eachBatch(p.RecordBatches, func(b kmsg.RecordBatch) bool {
 					kind := "data"
-					if b.Attributes&0x20 != 0 {
-						kind = "control"
-						kind += fmt.Sprintf("(%s)", controlType(b))
-					} else if b.Attributes&0x10 != 0 {
-						kind = "txn-data"
+					switch commit, ok := markerType(b); {
+					case b.Attributes&batchControl == 0:
+						if b.Attributes&batchTransactional != 0 {
+							kind = "txn-data"
+						}
+					case !ok:
+						kind = "control(?)"
+					case commit:
+						kind = "control(COMMIT)"
+					default:
+						kind = "control(ABORT)"
 					}
 					lines = append(lines, fmt.Sprintf("%d+%d %s pid %d e%d", b.FirstOffset, b.LastOffsetDelta+1, kind, b.ProducerID, b.ProducerEpoch))
-				}
+					return len(lines) < n
+				})
 				t.Logf("dump %s/%d from %d:\n  %s", topic, partition, from, strings.Join(lines, "\n  "))
 			}
 		}
 	}
-}
-
-// controlType reads the marker of a control batch: its one record's key
-// is a version (2 bytes) and a type (2 bytes: 0 ABORT, 1 COMMIT).
-func controlType(b kmsg.RecordBatch) string {
-	r := kmsg.NewRecord()
-	if err := r.ReadFrom(b.Records); err != nil || len(r.Key) < 4 {
-		return "?"
-	}
-	switch r.Key[3] {
-	case 0:
-		return "ABORT"
-	case 1:
-		return "COMMIT"
-	}
-	return "?"
 }
