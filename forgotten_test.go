@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	invariant "github.com/kpar/kpar/internal/ledger"
 	"github.com/kpar/kpar/internal/testkit"
 )
 
@@ -31,15 +30,7 @@ func TestAForgottenMemberHeartbeatsAtItsFirstRefusedCommit(t *testing.T) {
 		"group.consumer.session.timeout.ms":    "600000",
 		"group.consumer.heartbeat.interval.ms": "300000",
 	}))
-	l := invariant.New(invariant.ByKey, 0)
-	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.Handled(r); return nil })
-	rebalances := &rebalanceSignal{assigned: make(chan struct{}, 8), lost: make(chan struct{}, 8)}
-	commitHook, commits := commitSignal()
-	cons, err := New(h, append(testOpts(c, group, topic), GroupProtocol(ConsumerProtocol), WithHooks(rebalances, commitHook))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	l, cons, rebalances, commits, stop := runSignalledMember(t, c, group, topic)
 	produceRange(t, c, topic, 0, 100, keys, l.Produced)
 	waitFor(t, l.Reached(100), 30*time.Second, "the first 100 records handled")
 	waitPartition(t, cons, commits, "the first 100 records committed", func(s PartitionStats) bool { return s.Committed == 100 })

@@ -357,15 +357,7 @@ func TestExactlyOnceRegainsTheOutputsOfAnAbortedTransaction(t *testing.T) {
 func TestAMemberLostTwiceBeforeACommitLandsKeepsWhatItFinished(t *testing.T) {
 	const topic, group, keys = "lost-twice", "lost-twice", 10
 	c := newFakeCluster(t, "fences the member and refuses its commits", topic, 1)
-	l := invariant.New(invariant.ByKey, 0)
-	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.Handled(r); return nil })
-	rebalances := &rebalanceSignal{assigned: make(chan struct{}, 8), lost: make(chan struct{}, 8)}
-	commitHook, commits := commitSignal()
-	cons, err := New(h, append(testOpts(c, group, topic), GroupProtocol(ConsumerProtocol), WithHooks(rebalances, commitHook))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, cons)
+	l, cons, rebalances, commits, stop := runSignalledMember(t, c, group, topic)
 	produced := 0
 	produceTo := func(n int) {
 		t.Helper()
@@ -397,6 +389,22 @@ func TestAMemberLostTwiceBeforeACommitLandsKeepsWhatItFinished(t *testing.T) {
 	if rep := l.Report(); rep.Duplicates != 0 || rep.Lost != 0 || rep.Handled != 550 {
 		t.Fatalf("%+v, want 550 records handled once each", rep)
 	}
+}
+
+// runSignalledMember runs a consumer-protocol member of group on topic
+// whose handler records into a ledger, with a signal for each of its
+// rebalances and commits.
+func runSignalledMember(t *testing.T, c *kfake.Cluster, group, topic string) (l *invariant.Ledger, cons *Consumer, rebalances *rebalanceSignal, commits <-chan struct{}, stop func() error) {
+	t.Helper()
+	l = invariant.New(invariant.ByKey, 0)
+	h := HandlerFunc(func(_ context.Context, r *kgo.Record) error { l.Handled(r); return nil })
+	rebalances = &rebalanceSignal{assigned: make(chan struct{}, 8), lost: make(chan struct{}, 8)}
+	commitHook, commits := commitSignal()
+	cons, err := New(h, append(testOpts(c, group, topic), GroupProtocol(ConsumerProtocol), WithHooks(rebalances, commitHook))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, cons, rebalances, commits, runConsumer(t, cons)
 }
 
 // rebalanceSignal signals each assignment and each loss of partitions.

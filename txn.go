@@ -477,7 +477,7 @@ func (g *groupSource) txnLanded(ctx context.Context, todo []commitPart, endErr e
 				r, ok := resps.Lookup(p.ps.topic, p.ps.partition)
 				if !ok || r.At != p.offset || r.Metadata != p.meta {
 					g.e.log.Info("kpar: the transaction whose commit had an unknown outcome did not commit; its outputs go into the next one",
-						"topic", p.ps.topic, "partition", p.ps.partition, "its_offset", p.offset, "committed_offset", r.At, "its_metadata", p.meta, "committed_metadata", r.Metadata)
+						"topic", p.ps.topic, "partition", p.ps.partition, "its_offset", p.offset, "committed_offset", r.At, "same_metadata", r.Metadata == p.meta)
 					return false, true
 				}
 			}
