@@ -77,7 +77,10 @@ func failedForGood(err error) bool {
 // renewProducer replaces the outputs' producer, failed for good with
 // cause, by a new client, and initialises its producer ID; after
 // maxRenewals in a row it ends the run with ErrProducerFenced instead.
-// Called with commitMu held.
+// Called with commitMu held. Unlike initTransactions, which waits for the
+// broker as long as it takes before the member joins, it tries for 10s
+// only: commitMu is held, and a producer ID not loaded now is loaded by
+// the next transaction's check (txn.go), which fails early meanwhile.
 func (g *groupSource) renewProducer(ctx context.Context, cause error) error {
 	e := g.e
 	id := e.cfg.txnID()
