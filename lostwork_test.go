@@ -145,13 +145,7 @@ func TestExactlyOnceKeepsTheOutputsOfALostPartition(t *testing.T) {
 			createTopic(t, c, "out", 2)
 			l := invariant.New(invariant.ByKey, n)
 			produce(t, c, "in", n/2, 20, l.Produced)
-			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-				if err := Emit(ctx, outputOf("out", r)); err != nil {
-					return err
-				}
-				l.Handled(r)
-				return nil
-			})
+			h := emitThenRecord(l, "out")
 			hooks := &lossHooks{lost: make(chan struct{}), back: make(chan struct{})}
 			back := hooks.back
 			cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(4), WithHooks(hooks), GroupProtocol(tc.protocol))...)

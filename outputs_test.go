@@ -31,6 +31,18 @@ func outputOf(topic string, r *kgo.Record) *kgo.Record {
 	return &kgo.Record{Topic: topic, Key: r.Key, Value: append(v, r.Value...)}
 }
 
+// emitThenRecord is a test handler that emits outputOf(topic, r) for each
+// record and then records it handled in l.
+func emitThenRecord(l *invariant.Ledger, topic string) Handler {
+	return HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
+		if err := Emit(ctx, outputOf(topic, r)); err != nil {
+			return err
+		}
+		l.Handled(r)
+		return nil
+	})
+}
+
 // inputOf reads back which input an output of outputOf belongs to.
 func inputOf(out *kgo.Record) (partition int32, offset int64, value []byte) {
 	return int32(binary.BigEndian.Uint32(out.Value)), int64(binary.BigEndian.Uint64(out.Value[4:])), out.Value[12:]
@@ -97,13 +109,7 @@ func TestOutputsAtLeastOnceAndExactlyOnce(t *testing.T) {
 				c := newFakeCluster(t, notPorted, "in", 4)
 				l := invariant.New(mode.check, n)
 				produce(t, c, "in", n, 40, l.Produced)
-				h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-					if err := Emit(ctx, outputOf("out", r)); err != nil {
-						return err
-					}
-					l.Handled(r)
-					return nil
-				})
+				h := emitThenRecord(l, "out")
 				opt := ConsumerOpt(Outputs())
 				if eos {
 					opt = ExactlyOnce()

@@ -61,13 +61,7 @@ func TestExactlyOnceRenewsAFencedProducer(t *testing.T) {
 			createTopic(t, c, "out", 4)
 			l := invariant.New(invariant.ByKey, n)
 			produce(t, c, "in", n/2, 50, l.Produced)
-			h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-				if err := Emit(ctx, outputOf("out", r)); err != nil {
-					return err
-				}
-				l.Handled(r)
-				return nil
-			})
+			h := emitThenRecord(l, "out")
 			cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"), Concurrency(8))...)
 			if err != nil {
 				t.Fatal(err)

@@ -64,13 +64,7 @@ func TestExactlyOnceACommitWhoseAnswerIsLostIsNotRepeated(t *testing.T) {
 	// is not back.
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Err: kerr.GroupAuthorizationFailed, When: func(kmsg.Request) bool { return armed.Load() }})
 
-	h := HandlerFunc(func(ctx context.Context, r *kgo.Record) error {
-		if err := Emit(ctx, outputOf("out", r)); err != nil {
-			return err
-		}
-		l.Handled(r)
-		return nil
-	})
+	h := emitThenRecord(l, "out")
 	cons, err := New(h, append(testOpts(c, "g", "in"), ExactlyOnce(), InstanceID("m1"))...)
 	if err != nil {
 		t.Fatal(err)
